@@ -1,0 +1,53 @@
+"""Weights that must live on the unit sphere declare it themselves, with the axis to normalise along.
+
+A callback (nGPT's renormalisation) walks modules and asks, instead of matching parameter names:
+parameter names change under wrappers (FSDP, compile) and with every new projection type; the
+module that owns a weight knows which of its axes is d_model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+_ATTR = "unit_norm_dims"
+
+
+def declare_unit_norm(module: nn.Module, param_name: str, dim: int) -> None:
+    """Declare that ``module.<param_name>`` must keep unit L2 norm along ``dim``."""
+    if not isinstance(getattr(module, param_name, None), nn.Parameter):
+        raise ValueError(f"{type(module).__name__} has no parameter {param_name!r} to constrain")
+    dims = dict(getattr(module, _ATTR, {}))
+    dims[param_name] = dim
+    # A plain attribute (not a buffer): it survives FSDP/compile wrapping and is not saved in checkpoints.
+    object.__setattr__(module, _ATTR, dims)
+
+
+def unit_norm_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, int]]:
+    """Every declared (qualified name, parameter, dim), each parameter once (tied weights share one)."""
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        for param_name, dim in getattr(module, _ATTR, {}).items():
+            param = getattr(module, param_name)
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            yield (f"{module_name}.{param_name}" if module_name else param_name), param, dim
+
+
+@torch.no_grad()
+def renormalize_(model: nn.Module, eps: float = 0.0) -> int:
+    """Project every declared weight back onto the unit sphere, in fp32; returns how many were touched.
+
+    Works on plain tensors and on DTensors: a norm along a sharded dim becomes a partial reduction
+    that the division redistributes (platform.md §5), so no full weight is gathered.
+    """
+    count = 0
+    for _, param, dim in unit_norm_parameters(model):
+        w = param.float()
+        norm = torch.linalg.vector_norm(w, dim=dim, keepdim=True)
+        param.copy_((w / (norm + eps) if eps else w / norm).to(param.dtype))
+        count += 1
+    return count

@@ -1,0 +1,200 @@
+"""The three plugin kinds and the contract each one signs with the transformer block.
+
+The block calls every hook below unconditionally; a plugin returns ``None`` (identity) where it does
+not act. That is what lets the block name no plugin: a new component is a new subclass here, never a
+new branch in the block. The hooks were chosen for the whole zoo the project targets (pre/post/peri
+norms, layer-dependent norms, nGPT's hypersphere, LAUREL and other multi-state residuals,
+TokenFormer's Pattention), not only for the built-ins.
+
+Pure PyTorch: nothing here knows about Lightning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """What a plugin may know about the stack it is built into."""
+
+    d_model: int
+    num_layers: int
+    num_heads: int
+    mlp_hidden: int
+    causal: bool  # True for a language model, False for an encoder such as ViT
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+class Site:
+    """Every place where a transformer controls activation scale.
+
+    Per block, for each sublayer ``s`` in (attn, mlp), the block computes::
+
+        x   = merge.branch_input(h, history)
+        y   = s_out(sublayer(s_in(x)))
+        h   = s_after_add(merge(h, y, history))
+
+    so pre-norm lives at ``*_in``, Peri-LN adds ``*_out``, post-norm and nGPT's re-normalisation of
+    the stream live at ``*_after_add``. Model-level sites wrap the whole stack.
+    """
+
+    EMBEDDING = "embedding"  # after token/patch embedding (+ positions), before the first block
+    ATTN_IN = "attn_in"
+    ATTN_OUT = "attn_out"
+    ATTN_AFTER_ADD = "attn_after_add"
+    MLP_IN = "mlp_in"
+    MLP_HIDDEN = "mlp_hidden"  # on the up-projection's output, before the activation
+    MLP_OUT = "mlp_out"
+    MLP_AFTER_ADD = "mlp_after_add"
+    FINAL = "final"  # before the head
+    LOGITS = "logits"  # on the head's output (width = vocab or classes)
+
+    BLOCK = (ATTN_IN, ATTN_OUT, ATTN_AFTER_ADD, MLP_IN, MLP_HIDDEN, MLP_OUT, MLP_AFTER_ADD)
+    MODEL = (EMBEDDING, FINAL, LOGITS)
+
+
+class Role:
+    """What a weight matrix does; norm strategies constrain weights and projections choose init by role."""
+
+    Q, K, V = "q", "k", "v"
+    ATTN_OUT = "attn_out"
+    MLP_IN = "mlp_in"  # for gated MLPs: the value half of the up-projection
+    MLP_GATE = "mlp_gate"
+    MLP_OUT = "mlp_out"
+    FFN = "ffn"  # a whole feed-forward made by the projection type (TokenFormer)
+    EMBEDDING = "embedding"
+    HEAD = "head"
+
+    # Roles whose output is added to the residual stream: depth-scaled init applies to them.
+    WRITES_TO_STREAM = (ATTN_OUT, MLP_OUT, FFN)
+
+
+class NormStrategy:
+    """Decides how activation scale is kept in check, at every site, and which weights are constrained.
+
+    Subclasses take their options as keyword arguments of ``__init__`` (they are settable from YAML
+    and the command line as ``norm_options``).
+    """
+
+    def site(self, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.Module | None:
+        """The module applied at ``site`` (a tensor whose last dim is ``dim``), or None for identity.
+
+        ``layer`` is the 0-based block index for block sites, None for model-level sites.
+        """
+        return None
+
+    def qk(self, layer: int, stack: StackInfo) -> nn.Module | None:
+        """A module ``(q, k) -> (q, k)`` applied per head after RoPE, shapes (B, H, T, head_dim)."""
+        return None
+
+    def softmax_scale(self, layer: int, stack: StackInfo) -> float | None:
+        """The attention logit scale; None means the standard 1/sqrt(head_dim)."""
+        return None
+
+    def constrains(self, role: str) -> bool:
+        """Whether weights of ``role`` must be kept at unit norm along their d_model axis."""
+        return False
+
+
+class ResidualMerge(nn.Module):
+    """Merges one sublayer's output into the residual stream. One instance per sublayer."""
+
+    def branch_input(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        """What the sublayer reads (before its ``*_in`` norm site). Plain residuals read the stream."""
+        return h
+
+    def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class ResidualStream(nn.Module):
+    """Stream-level state of a residual type: e.g. expanding into several streams and reducing back."""
+
+    def begin(self, x: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        return x
+
+    def end(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        return h
+
+
+@dataclass
+class ResidualHistory:
+    """Everything earlier layers produced in this forward pass, for residuals that look back.
+
+    ``states[0]`` is the stream entering the first block; after that one entry per sublayer, in
+    order (attn of block 0, mlp of block 0, attn of block 1, ...). ``branches`` holds each
+    sublayer's output after its ``*_out`` site, aligned with ``states[1:]``; ``block_inputs`` holds
+    the stream entering each block. Keeping references costs nothing: autograd holds them anyway.
+    """
+
+    states: list[torch.Tensor] = field(default_factory=list)
+    branches: list[torch.Tensor] = field(default_factory=list)
+    block_inputs: list[torch.Tensor] = field(default_factory=list)
+
+
+class ResidualType:
+    """Decides how each sublayer's output merges into the stream."""
+
+    def merge(self, sublayer: Literal["attn", "mlp"], layer: int, stack: StackInfo) -> ResidualMerge:
+        raise NotImplementedError
+
+    def stream(self, stack: StackInfo) -> ResidualStream | None:
+        """Stream-level state, or None when the stream is a single tensor passed through."""
+        return None
+
+
+class ProjectionType:
+    """Decides what maps d_in to d_out inside the block, and optionally what the FFN is made of.
+
+    A projection module must accept (..., d_in) and return (..., d_out). To carry nGPT-style unit-norm
+    constraints it implements ``constrain_unit_norm(axis)`` with axis "in" or "out" (which side is
+    d_model), declaring its parameters through ``arch_plugins.constraints.declare_unit_norm``.
+    """
+
+    def linear(self, d_in: int, d_out: int, role: str, layer: int, stack: StackInfo, *, bias: bool,
+               init_std: float) -> nn.Module:
+        raise NotImplementedError
+
+    def fused(self, d_in: int, d_outs: list[int], roles: list[str], layer: int, stack: StackInfo, *,
+              bias: bool, init_std: float) -> nn.Module:
+        """Several projections of one input, outputs concatenated on the last dim (q|k|v, value|gate).
+
+        The default builds them separately; a projection type may fuse them into one matmul.
+        """
+        return Concat([self.linear(d_in, d, r, layer, stack, bias=bias, init_std=init_std)
+                       for d, r in zip(d_outs, roles)])
+
+    def ffn(self, layer: int, stack: StackInfo, *, bias: bool, init_std: float) -> nn.Module | None:
+        """A whole feed-forward sublayer (d_model -> d_model), or None for the stack's standard MLP."""
+        return None
+
+
+class Concat(nn.Module):
+    """Applies several modules to one input and concatenates their outputs."""
+
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def constrain_unit_norm(self, axis: Literal["in", "out"]) -> None:
+        for p in self.parts:
+            p.constrain_unit_norm(axis)
+
+
+# The interface each entry-point group's plugins must implement.
+KIND_INTERFACES: dict[str, type] = {
+    "norm": NormStrategy,
+    "residual": ResidualType,
+    "projection": ProjectionType,
+}

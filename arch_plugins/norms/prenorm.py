@@ -1,0 +1,39 @@
+"""Pre-norm: normalise each sublayer's input and the stack's output (GPT-2, LLaMA, ViT)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from arch_plugins.interfaces import NormStrategy, Site, StackInfo
+
+
+class PreNorm(NormStrategy):
+    """Pre-norm with a norm layer chosen by subclasses: ``h = h + f(norm(h))``, final norm before the head."""
+
+    SITES = (Site.ATTN_IN, Site.MLP_IN, Site.FINAL)
+
+    def make_norm(self, dim: int) -> nn.Module:
+        raise NotImplementedError
+
+    def site(self, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.Module | None:
+        return self.make_norm(dim) if site in self.SITES else None
+
+
+class LayerNormStrategy(PreNorm):
+    """Pre-norm with LayerNorm (mean-centred, variance-scaled; GPT-2 and ViT)."""
+
+    def __init__(self, eps: float = 1e-5, affine: bool = True, bias: bool = True):
+        self.eps, self.affine, self.bias = eps, affine, bias
+
+    def make_norm(self, dim: int) -> nn.Module:
+        return nn.LayerNorm(dim, eps=self.eps, elementwise_affine=self.affine, bias=self.bias and self.affine)
+
+
+class RMSNormStrategy(PreNorm):
+    """Pre-norm with RMSNorm (scale only, no centring; LLaMA)."""
+
+    def __init__(self, eps: float = 1e-6, affine: bool = True):
+        self.eps, self.affine = eps, affine
+
+    def make_norm(self, dim: int) -> nn.Module:
+        return nn.RMSNorm(dim, eps=self.eps, elementwise_affine=self.affine)

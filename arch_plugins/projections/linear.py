@@ -1,0 +1,37 @@
+"""The dense linear projection."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import nn
+
+from arch_plugins.constraints import declare_unit_norm
+from arch_plugins.interfaces import ProjectionType, StackInfo
+
+
+class Linear(nn.Linear):
+    """nn.Linear with normal init and the unit-norm declaration protocol."""
+
+    def __init__(self, d_in: int, d_out: int, *, bias: bool, init_std: float):
+        super().__init__(d_in, d_out, bias=bias)
+        nn.init.normal_(self.weight, std=init_std)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def constrain_unit_norm(self, axis: Literal["in", "out"]) -> None:
+        # weight is (d_out, d_in): the "in" side is normalised per row (dim 1), "out" per column (dim 0).
+        declare_unit_norm(self, "weight", 1 if axis == "in" else 0)
+
+
+class LinearProjection(ProjectionType):
+    """Dense matrix multiply (nn.Linear); q|k|v and value|gate are fused into one matmul."""
+
+    def linear(self, d_in: int, d_out: int, role: str, layer: int, stack: StackInfo, *, bias: bool,
+               init_std: float) -> Linear:
+        return Linear(d_in, d_out, bias=bias, init_std=init_std)
+
+    def fused(self, d_in: int, d_outs: list[int], roles: list[str], layer: int, stack: StackInfo, *,
+              bias: bool, init_std: float) -> Linear:
+        # Row blocks of one matrix are exactly separate projections (same init, same row constraints).
+        return Linear(d_in, sum(d_outs), bias=bias, init_std=init_std)

@@ -1,0 +1,1 @@
+"""Lightning side: models assembled from plugins, LightningModules, DataModules, callbacks, MLflow glue."""

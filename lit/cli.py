@@ -1,0 +1,82 @@
+"""The command line: LightningCLI (fit / validate / test / predict) with MLflow on, plus `plugins`.
+
+Every model and DataModule is selected by class in the recipe (``model: {class_path: ...}``), so one
+CLI serves every task. User mistakes end in one ``error:`` line and exit code 2, never a traceback wall.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from jsonargparse import ArgumentParser
+from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from arch_plugins import registry
+from arch_plugins.registry import PluginError
+from lit.errors import UserInputError
+from lit.tracking import LogConfigToMLflow
+
+# Imported so that recipes and the command line can name them by short class name.
+import lit.data  # noqa: F401,E402
+import lit.language_model  # noqa: F401,E402
+
+USER_ERRORS = (PluginError, UserInputError)
+
+
+class OneLineErrorParser(LightningArgumentParser):
+    """Parser errors (unknown key, bad type, missing file) as one line, not usage + a wall of text."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not getattr(self, "exit_on_error", True):
+            return super().error(message, ex)
+        lines = [line.strip(" -") for line in str(message).splitlines() if line.strip(" -")]
+        sys.stderr.write(f"error: {'; '.join(lines)} (see `python cli.py {{fit,validate,test,predict}} --help`)\n")
+        sys.exit(2)
+
+
+class ArchLabCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # Facts of the data reach the model without being typed twice (they are not meant to be set).
+        parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
+        parser.link_arguments("data.block_size", "model.init_args.block_size", apply_on="instantiate")
+        # Always checkpoint, with last.ckpt for resuming; configurable as --checkpoint.*.
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.save_last": True})
+
+
+def trainer_defaults() -> dict:
+    return {
+        "logger": {"class_path": "lit.tracking.MLflowLogger"},
+    }
+
+
+def print_plugins() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = registry.catalogue()
+    header = dict(kind="KIND", name="NAME", package="PACKAGE", version="VERSION", description="DESCRIPTION")
+    widths = {k: max(len(str(r[k])) for r in [header, *rows]) for k in ("kind", "name", "package", "version")}
+    for r in [header, *rows]:
+        print("  ".join(str(r[k]).ljust(widths[k]) for k in widths) + "  " + r["description"])
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+
+
+def main(args: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["plugins"]:
+        ArgumentParser(prog="cli.py plugins", description="List installed plugins.").parse_args(argv[1:])
+        print_plugins()
+        return
+    try:
+        ArchLabCLI(
+            LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+            save_config_callback=LogConfigToMLflow, trainer_defaults=trainer_defaults(),
+            parser_class=OneLineErrorParser, args=args,
+        )
+    except USER_ERRORS as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(2)

@@ -1,0 +1,88 @@
+"""Pre-tokenized token shards on disk, read through memmap (the nanoGPT / llm.c FineWeb layout).
+
+A shard is a ``.bin`` file of token ids. Two layouts are read:
+
+- llm.c / FineWeb: a 256 x int32 header ``[20240520, version, n_tokens, 0...]`` then the tokens;
+  version 1 holds uint16 tokens (GPT-2 vocabulary), version 2 uint32 (larger vocabularies).
+- nanoGPT: raw tokens with no header (``train.bin`` / ``val.bin``); their dtype comes from
+  ``meta.json`` (``{"vocab_size": ..., "dtype": "uint16"}``) or defaults to uint16.
+
+Shards belong to the train split when their name contains ``train`` and to val when it contains ``val``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from lit.errors import UserInputError
+
+MAGIC = 20240520
+HEADER_INTS = 256
+VERSION_DTYPES = {1: np.uint16, 2: np.uint32}
+
+
+def write_shard(path: str | Path, tokens: np.ndarray, dtype: type = np.uint16) -> None:
+    """Write one shard in the llm.c layout (the one ``prepare`` produces)."""
+    version = {np.uint16: 1, np.uint32: 2}[dtype]
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[:3] = (MAGIC, version, len(tokens))
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype=dtype).tobytes())
+
+
+def open_shard(path: Path, default_dtype: str = "uint16") -> np.memmap:
+    header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
+    if len(header) == HEADER_INTS and header[0] == MAGIC:
+        version, n = int(header[1]), int(header[2])
+        if version not in VERSION_DTYPES:
+            raise UserInputError(f"shard {path} has unknown llm.c version {version}; expected 1 (uint16) or 2 (uint32)")
+        return np.memmap(path, dtype=VERSION_DTYPES[version], mode="r", offset=HEADER_INTS * 4, shape=(n,))
+    return np.memmap(path, dtype=np.dtype(default_dtype), mode="r")
+
+
+def read_meta(directory: Path) -> dict:
+    meta = directory / "meta.json"
+    return json.loads(meta.read_text()) if meta.exists() else {}
+
+
+def find_shards(directory: str | Path, split: str) -> list[Path]:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserInputError(f"token shard directory {directory} does not exist; create it with "
+                             f"`python -m lit.data.prepare` or set --data.shards_dir")
+    shards = sorted(p for p in directory.glob("*.bin") if split in p.name)
+    if not shards:
+        raise UserInputError(f"no '*{split}*.bin' shards in {directory}; each split needs at least one shard")
+    return shards
+
+
+class TokenWindows(Dataset):
+    """Non-overlapping (input, target) windows of ``block_size`` tokens over a list of shards.
+
+    Windows never cross a shard boundary (shards are separate documents streams).
+    """
+
+    def __init__(self, shards: list[Path], block_size: int, default_dtype: str = "uint16"):
+        self.block_size = block_size
+        self.arrays = [open_shard(p, default_dtype) for p in shards]
+        counts = [max(0, (len(a) - 1) // block_size) for a in self.arrays]
+        if sum(counts) == 0:
+            raise UserInputError(f"shards {[str(p) for p in shards]} hold fewer than block_size+1="
+                                 f"{block_size + 1} tokens; lower --data.block_size or add data")
+        self.offsets = np.cumsum([0] + counts).tolist()
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = bisect.bisect_right(self.offsets, i) - 1
+        start = (i - self.offsets[s]) * self.block_size
+        chunk = torch.from_numpy(self.arrays[s][start:start + self.block_size + 1].astype(np.int64))
+        return chunk[:-1], chunk[1:]

@@ -1,0 +1,146 @@
+"""Text data for language models: the embedded tinyshakespeare corpus by default, token shards at scale."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lit.data.shards import TokenWindows, find_shards, read_meta
+from lit.errors import UserInputError
+
+EMBEDDED_CORPUS = "tinyshakespeare"
+
+
+class CharTokenizer:
+    """Character-level vocabulary: the sorted set of characters of the corpus (deterministic)."""
+
+    def __init__(self, text: str):
+        self.chars = sorted(set(text))
+        self.index = {c: i for i, c in enumerate(self.chars)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        unknown = sorted(set(text) - self.index.keys())
+        if unknown:
+            raise UserInputError(f"characters {unknown!r} are not in the corpus vocabulary; use only these: "
+                                 f"{''.join(self.chars)!r}")
+        return [self.index[c] for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+
+class _Windows(Dataset):
+    """Non-overlapping (input, target) windows of one token array."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int):
+        self.tokens, self.block_size = tokens, block_size
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.block_size
+
+    def __getitem__(self, i: int):
+        chunk = self.tokens[i * self.block_size: (i + 1) * self.block_size + 1]
+        return chunk[:-1], chunk[1:]
+
+
+class _Prompts(Dataset):
+    def __init__(self, ids: list[int], n: int):
+        self.ids, self.n = torch.tensor(ids, dtype=torch.long), n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.ids
+
+
+class TextDataModule(L.LightningDataModule):
+    """Language-model data: a char-level corpus (embedded tinyshakespeare, or a text file), or token shards.
+
+    Args:
+        text_file: a UTF-8 text file for char-level training; None uses the embedded tinyshakespeare.
+        shards_dir: a directory of pre-tokenized ``*train*.bin`` / ``*val*.bin`` shards (see
+            ``lit.data.prepare``); takes precedence over ``text_file``.
+        vocab_size: for shards without ``meta.json``; ignored for char-level text.
+        block_size: tokens per training sequence (the model's context is linked to it).
+        batch_size: sequences per batch, per process.
+        val_fraction: the last fraction of the corpus is the validation split (deterministic).
+        num_workers: DataLoader workers.
+        prompt: the text that ``predict`` continues.
+        num_samples: how many samples ``predict`` draws.
+    """
+
+    def __init__(self, text_file: str | None = None, shards_dir: str | None = None,
+                 vocab_size: int | None = None, block_size: int = 256, batch_size: int = 32,
+                 val_fraction: float = 0.1, num_workers: int = 0, prompt: str = "\n", num_samples: int = 1):
+        super().__init__()
+        if not 0 < val_fraction < 1:
+            raise UserInputError(f"--data.val_fraction must be in (0, 1), got {val_fraction}")
+        self.text_file, self.shards_dir = text_file, shards_dir
+        self.block_size, self.batch_size, self.num_workers = block_size, batch_size, num_workers
+        self.val_fraction, self.prompt, self.num_samples = val_fraction, prompt, num_samples
+        self.tokenizer: CharTokenizer | None = None
+        if shards_dir is not None:
+            meta = read_meta(Path(shards_dir))
+            find_shards(shards_dir, "train")  # fail now, with a clear line, not inside the trainer
+            self.shard_dtype = meta.get("dtype", "uint16")
+            self.vocab_size = meta.get("vocab_size", vocab_size)
+            if self.vocab_size is None:
+                raise UserInputError(f"{shards_dir} has no meta.json; pass --data.vocab_size")
+        else:
+            self.text = self._read_text()
+            self.tokenizer = CharTokenizer(self.text)
+            self.vocab_size = self.tokenizer.vocab_size
+
+    def _read_text(self) -> str:
+        if self.text_file is None:
+            return resources.files("lit.data").joinpath(f"{EMBEDDED_CORPUS}.txt").read_text(encoding="utf-8")
+        path = Path(self.text_file)
+        if not path.is_file():
+            raise UserInputError(f"text file {path} not found; pass an existing file with --data.text_file "
+                                 f"or drop the option to use the embedded {EMBEDDED_CORPUS} corpus")
+        return path.read_text(encoding="utf-8")
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.shards_dir is not None:
+            self.train_set = TokenWindows(find_shards(self.shards_dir, "train"), self.block_size, self.shard_dtype)
+            self.val_set = TokenWindows(find_shards(self.shards_dir, "val"), self.block_size, self.shard_dtype)
+            return
+        tokens = torch.from_numpy(np.array(self.tokenizer.encode(self.text), dtype=np.int64))
+        split = int(len(tokens) * (1 - self.val_fraction))
+        self.train_set = _Windows(tokens[:split], self.block_size)
+        self.val_set = _Windows(tokens[split:], self.block_size)
+        if len(self.train_set) == 0 or len(self.val_set) == 0:
+            raise UserInputError(f"the corpus is too short for block_size={self.block_size} "
+                                 f"({len(tokens)} tokens); lower --data.block_size")
+
+    def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle, drop_last=shuffle,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        if self.tokenizer is None:
+            raise UserInputError("predict decodes text with the char-level tokenizer; token shards have none. "
+                                 "Use a text corpus (--data.text_file or the embedded one) to sample")
+        return DataLoader(_Prompts(self.tokenizer.encode(self.prompt), self.num_samples), batch_size=1)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids)

@@ -1,0 +1,210 @@
+"""One transformer stack for every task: attention and MLP sublayers wired through the three plugin kinds.
+
+The block names no plugin. It asks the norm strategy for a module at every site, the residual type
+for a merge per sublayer, and the projection type for every matrix, and calls all of them
+unconditionally (a site a strategy does not use is an ``nn.Identity``). Adding a component never
+edits this file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from arch_plugins import registry
+from arch_plugins.constraints import declare_unit_norm
+from arch_plugins.interfaces import ResidualHistory, Role, Site, StackInfo
+from lit.models.rope import RotaryEmbedding
+
+
+@dataclass
+class TransformerConfig:
+    """Architecture of the stack. Components are names resolved through the plugin registry."""
+
+    d_model: int = 256
+    n_layers: int = 6
+    n_heads: int = 4
+    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    # Hidden width of the MLP; None: 4*d for GELU, 2/3 of that (rounded up to 64) for SwiGLU,
+    # so both have the same parameter count.
+    mlp_hidden: int | None = None
+    bias: bool = False
+    dropout: float = 0.0
+    positions: Literal["rope", "learned", "none"] = "rope"
+    rope_base: float = 10000.0
+    init_std: float = 0.02
+    # GPT-2's scaling of the projections that write to the stream by 1/sqrt(2 * n_layers).
+    depth_scaled_init: bool = True
+    norm: str = "rmsnorm"
+    norm_options: dict[str, Any] = field(default_factory=dict)
+    residual: str = "add"
+    residual_options: dict[str, Any] = field(default_factory=dict)
+    projection: str = "linear"
+    projection_options: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_mlp_hidden(self) -> int:
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        if self.mlp == "gelu":
+            return 4 * self.d_model
+        return 64 * math.ceil(4 * self.d_model * 2 / 3 / 64)
+
+
+def _site(norm, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.Module:
+    return norm.site(site, dim, layer, stack) or nn.Identity()
+
+
+def _init_std(cfg: TransformerConfig, role: str) -> float:
+    if cfg.depth_scaled_init and role in Role.WRITES_TO_STREAM:
+        return cfg.init_std / math.sqrt(2 * cfg.n_layers)
+    return cfg.init_std
+
+
+class Plugins:
+    """The three components of one stack, instantiated from their names and options."""
+
+    def __init__(self, cfg: TransformerConfig):
+        self.norm = registry.create("norm", cfg.norm, cfg.norm_options)
+        self.residual = registry.create("residual", cfg.residual, cfg.residual_options)
+        self.projection = registry.create("projection", cfg.projection, cfg.projection_options)
+
+
+def _constrain(plugins: Plugins, module: nn.Module, role: str, axis: Literal["in", "out"]) -> None:
+    """Ask the module to declare unit-norm weights if the norm strategy constrains this role."""
+    if not plugins.norm.constrains(role):
+        return
+    if not hasattr(module, "constrain_unit_norm"):
+        raise registry.PluginError(
+            f"norm {type(plugins.norm).__name__} constrains {role} weights to the unit sphere, but the "
+            f"projection {type(plugins.projection).__name__} cannot declare constraints "
+            f"(it lacks constrain_unit_norm); pick another projection or norm")
+    module.constrain_unit_norm(axis)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig, stack: StackInfo, layer: int, plugins: Plugins):
+        super().__init__()
+        d, proj = cfg.d_model, plugins.projection
+        self.n_heads, self.causal, self.dropout = cfg.n_heads, stack.causal, cfg.dropout
+        roles = [Role.Q, Role.K, Role.V]
+        self.qkv = proj.fused(d, [d, d, d], roles, layer, stack, bias=cfg.bias,
+                              init_std=_init_std(cfg, Role.Q))
+        self.out = proj.linear(d, d, Role.ATTN_OUT, layer, stack, bias=cfg.bias,
+                               init_std=_init_std(cfg, Role.ATTN_OUT))
+        _constrain(plugins, self.qkv, Role.Q, "in")
+        _constrain(plugins, self.out, Role.ATTN_OUT, "out")
+        self.qk = plugins.norm.qk(layer, stack)  # None: no q/k normalisation
+        self.scale = plugins.norm.softmax_scale(layer, stack)
+
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding | None) -> torch.Tensor:
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        if rope is not None:
+            q, k = rope(q), rope(k)
+        if self.qk is not None:
+            q, k = self.qk(q, k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, d))
+
+
+class MLP(nn.Module):
+    """GELU MLP or SwiGLU (value * silu(gate)) with a norm-strategy site on the hidden pre-activation."""
+
+    def __init__(self, cfg: TransformerConfig, stack: StackInfo, layer: int, plugins: Plugins):
+        super().__init__()
+        d, hidden, proj = cfg.d_model, stack.mlp_hidden, plugins.projection
+        self.gated = cfg.mlp == "swiglu"
+        widths, roles = ([hidden, hidden], [Role.MLP_IN, Role.MLP_GATE]) if self.gated else ([hidden], [Role.MLP_IN])
+        self.up = proj.fused(d, widths, roles, layer, stack, bias=cfg.bias, init_std=_init_std(cfg, Role.MLP_IN))
+        self.hidden = _site(plugins.norm, Site.MLP_HIDDEN, sum(widths), layer, stack)
+        self.down = proj.linear(hidden, d, Role.MLP_OUT, layer, stack, bias=cfg.bias,
+                                init_std=_init_std(cfg, Role.MLP_OUT))
+        _constrain(plugins, self.up, Role.MLP_IN, "in")
+        _constrain(plugins, self.down, Role.MLP_OUT, "out")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u = self.hidden(self.up(x))
+        if self.gated:
+            value, gate = u.chunk(2, dim=-1)
+            return self.down(value * F.silu(gate))
+        return self.down(F.gelu(u))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TransformerConfig, stack: StackInfo, layer: int, plugins: Plugins):
+        super().__init__()
+        norm, d = plugins.norm, cfg.d_model
+        self.attn_in = _site(norm, Site.ATTN_IN, d, layer, stack)
+        self.attn = Attention(cfg, stack, layer, plugins)
+        self.attn_out = _site(norm, Site.ATTN_OUT, d, layer, stack)
+        self.attn_merge = plugins.residual.merge("attn", layer, stack)
+        self.attn_after_add = _site(norm, Site.ATTN_AFTER_ADD, d, layer, stack)
+
+        self.mlp_in = _site(norm, Site.MLP_IN, d, layer, stack)
+        ffn = plugins.projection.ffn(layer, stack, bias=cfg.bias, init_std=_init_std(cfg, Role.FFN))
+        self.mlp = ffn if ffn is not None else MLP(cfg, stack, layer, plugins)
+        if ffn is not None:
+            _constrain(plugins, ffn, Role.FFN, "in")
+        self.mlp_out = _site(norm, Site.MLP_OUT, d, layer, stack)
+        self.mlp_merge = plugins.residual.merge("mlp", layer, stack)
+        self.mlp_after_add = _site(norm, Site.MLP_AFTER_ADD, d, layer, stack)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, h: torch.Tensor, history: ResidualHistory, rope: RotaryEmbedding | None) -> torch.Tensor:
+        history.block_inputs.append(h)
+        x = self.attn_merge.branch_input(h, history)
+        y = self.attn_out(self.drop(self.attn(self.attn_in(x), rope)))
+        h = self.attn_after_add(self.attn_merge(h, y, history))
+        history.states.append(h)
+        history.branches.append(y)
+
+        x = self.mlp_merge.branch_input(h, history)
+        y = self.mlp_out(self.drop(self.mlp(self.mlp_in(x))))
+        h = self.mlp_after_add(self.mlp_merge(h, y, history))
+        history.states.append(h)
+        history.branches.append(y)
+        return h
+
+
+class TransformerStack(nn.Module):
+    """Embedding site -> blocks -> final site. Inputs are already embedded (B, T, d_model)."""
+
+    def __init__(self, cfg: TransformerConfig, *, causal: bool, max_len: int):
+        super().__init__()
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
+        self.cfg = cfg
+        self.info = StackInfo(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.resolved_mlp_hidden(), causal)
+        self.plugins = Plugins(cfg)
+        norm = self.plugins.norm
+        self.rope = (RotaryEmbedding(self.info.head_dim, max_len, cfg.rope_base)
+                     if cfg.positions == "rope" else None)
+        self.embedding = _site(norm, Site.EMBEDDING, cfg.d_model, None, self.info)
+        self.stream = self.plugins.residual.stream(self.info)
+        self.blocks = nn.ModuleList(Block(cfg, self.info, i, self.plugins) for i in range(cfg.n_layers))
+        self.final = _site(norm, Site.FINAL, cfg.d_model, None, self.info)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(x)
+        history = ResidualHistory(states=[x])
+        h = self.stream.begin(x, history) if self.stream is not None else x
+        for block in self.blocks:
+            h = block(h, history, self.rope)
+        if self.stream is not None:
+            h = self.stream.end(h, history)
+        return self.final(h)
+
+    def site(self, site: str, dim: int) -> nn.Module:
+        """A model-level site for the task head (e.g. LOGITS), from this stack's norm strategy."""
+        return _site(self.plugins.norm, site, dim, None, self.info)
+
+    def constrain(self, module: nn.Module, role: str, param: str = "weight", dim: int = 1) -> None:
+        """Declare a task model's own weight (embedding, head) unit-norm if the norm strategy says so."""
+        if self.plugins.norm.constrains(role):
+            declare_unit_norm(module, param, dim)
