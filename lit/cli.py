@@ -32,9 +32,19 @@ class OneLineErrorParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not getattr(self, "exit_on_error", True):
             return super().error(message, ex)
-        lines = [line.strip(" -") for line in str(message).splitlines() if line.strip(" -")]
-        sys.stderr.write(f"error: {'; '.join(lines)} (see `python cli.py {{fit,validate,test,predict}} --help`)\n")
+        sys.stderr.write(f"error: {_condense(str(message))} (see `python cli.py SUBCOMMAND --help`)\n")
         sys.exit(2)
+
+
+# jsonargparse explains a failure inside a class_path as a tree that also lists every subtype it
+# tried (here LightningModule or None); only the branch about the selected class helps the user.
+_NOISE = ("Does not validate against any of the Union subtypes", "Subtypes", "Errors",
+          "Expected a <class 'NoneType'>", "Given value", "Problem with given class_path")
+
+
+def _condense(message: str) -> str:
+    lines = [line.strip(" -:") for line in message.splitlines()]
+    return "; ".join(line for line in lines if line and not line.startswith(_NOISE))
 
 
 class ArchLabCLI(LightningCLI):
@@ -77,6 +87,20 @@ def main(args: list[str] | None = None) -> None:
             save_config_callback=LogConfigToMLflow, trainer_defaults=trainer_defaults(),
             parser_class=OneLineErrorParser, args=args,
         )
-    except USER_ERRORS as exc:
-        sys.stderr.write(f"error: {exc}\n")
+    except Exception as exc:
+        cause = _user_error(exc)
+        if cause is None:
+            raise
+        sys.stderr.write(f"error: {cause}\n")
         sys.exit(2)
+
+
+def _user_error(exc: BaseException | None) -> BaseException | None:
+    """The user error behind ``exc``: jsonargparse wraps errors raised while it instantiates classes."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, USER_ERRORS):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

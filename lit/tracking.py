@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 from typing import Any, Literal
 
 from lightning.pytorch import LightningModule, Trainer
@@ -21,6 +22,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from arch_plugins import registry
 
+# The code that runs, wherever the run is launched from: its commit is the run's provenance.
+CODE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAM_LENGTH = 6000  # MLflow's limit; Lightning's own log_hyperparams truncates to 250
 
@@ -67,12 +70,12 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def git_commit() -> tuple[str, bool] | None:
-    """(commit, dirty) of the working directory's git checkout, or None outside one."""
+    """(commit, dirty) of the checkout the running code comes from, or None outside one."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                check=True).stdout.strip()
+                                check=True, cwd=CODE_DIR).stdout.strip()
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True, timeout=5, check=True).stdout.strip()
+                                text=True, timeout=5, check=True, cwd=CODE_DIR).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return commit, bool(status)
