@@ -187,10 +187,6 @@ class Concat(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
-    def constrain_unit_norm(self, axis: Literal["in", "out"]) -> None:
-        for p in self.parts:
-            p.constrain_unit_norm(axis)
-
 
 # The interface each entry-point group's plugins must implement.
 KIND_INTERFACES: dict[str, type] = {

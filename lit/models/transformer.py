@@ -18,7 +18,7 @@ from torch import nn
 
 from arch_plugins import registry
 from arch_plugins.constraints import declare_unit_norm
-from arch_plugins.interfaces import ResidualHistory, Role, Site, StackInfo
+from arch_plugins.interfaces import Concat, ResidualHistory, Role, Site, StackInfo
 from lit.models.rope import RotaryEmbedding
 
 
@@ -78,12 +78,14 @@ def _constrain(plugins: Plugins, module: nn.Module, role: str, axis: Literal["in
     """Ask the module to declare unit-norm weights if the norm strategy constrains this role."""
     if not plugins.norm.constrains(role):
         return
-    if not hasattr(module, "constrain_unit_norm"):
+    parts = list(module.parts) if isinstance(module, Concat) else [module]
+    if not all(hasattr(part, "constrain_unit_norm") for part in parts):
         raise registry.PluginError(
             f"norm {type(plugins.norm).__name__} constrains {role} weights to the unit sphere, but the "
             f"projection {type(plugins.projection).__name__} cannot declare constraints "
             f"(it lacks constrain_unit_norm); pick another projection or norm")
-    module.constrain_unit_norm(axis)
+    for part in parts:
+        part.constrain_unit_norm(axis)
 
 
 class Attention(nn.Module):

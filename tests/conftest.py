@@ -1,0 +1,61 @@
+"""Shared fixtures: fake installed distributions, an isolated working directory, tiny configs."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_distribution(site: Path, name: str, version: str, entry_points: dict[str, dict[str, str]],
+                       modules: dict[str, str] | None = None) -> Path:
+    """Write what ``pip install`` leaves behind: a .dist-info with entry_points.txt, plus module files."""
+    dist_info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    lines = []
+    for group, eps in entry_points.items():
+        lines += [f"[{group}]", *(f"{n} = {target}" for n, target in eps.items()), ""]
+    (dist_info / "entry_points.txt").write_text("\n".join(lines))
+    for module, source in (modules or {}).items():
+        (site / f"{module}.py").write_text(source)
+    return dist_info
+
+
+@pytest.fixture
+def fake_site(tmp_path, monkeypatch):
+    """A site-packages folder on sys.path; returns a function that installs a fake distribution in it."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    before = set(sys.modules)
+
+    def install(name, version, entry_points, modules=None):
+        path = write_distribution(site, name, version, entry_points, modules)
+        importlib.invalidate_caches()
+        return path
+
+    yield install
+    for module in set(sys.modules) - before:
+        if getattr(sys.modules[module], "__file__", "") and str(site) in (sys.modules[module].__file__ or ""):
+            del sys.modules[module]
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """Run in an empty folder (mlflow.db, runs/ land here) with no tracking URI from the environment."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr(sys, "argv", ["cli.py"])
+    return tmp_path
+
+
+# Overrides that make any LM recipe tiny and fast (a handful of steps on CPU).
+TINY_LM = ["--model.arch.d_model=32", "--model.arch.n_layers=2", "--model.arch.n_heads=2",
+           "--data.block_size=32", "--data.batch_size=4", "--trainer.enable_progress_bar=false",
+           "--trainer.enable_model_summary=false"]

@@ -1,0 +1,90 @@
+"""Text data: the embedded corpus, char vocabulary, deterministic split, token shards and their preparation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lit.data.prepare import prepare
+from lit.data.shards import TokenWindows, find_shards, write_shard
+from lit.data.text import TextDataModule
+from lit.errors import UserInputError
+
+
+def test_embedded_corpus_is_tinyshakespeare():
+    dm = TextDataModule(block_size=64, batch_size=4)
+    assert len(dm.text) == 1_115_394 and dm.text.startswith("First Citizen:")
+    assert dm.vocab_size == 65
+    assert dm.decode(dm.tokenizer.encode("To be, or not")) == "To be, or not"
+
+
+def test_split_is_deterministic_and_disjoint():
+    a, b = TextDataModule(block_size=64), TextDataModule(block_size=64)
+    a.setup("fit"), b.setup("fit")
+    assert torch.equal(a.val_set[0][0], b.val_set[0][0])
+    n = len(a.text)
+    assert len(a.train_set) == (int(n * 0.9) - 1) // 64
+    x, y = a.train_set[3]
+    assert torch.equal(x[1:], y[:-1]) and x.shape == (64,)
+    # The val split starts where the train split ends.
+    assert a.decode(a.val_set[0][0].tolist()) == a.text[int(n * 0.9): int(n * 0.9) + 64]
+
+
+def test_text_file_and_missing_file(tmp_path):
+    f = tmp_path / "tiny.txt"
+    f.write_text("abcabcabd" * 50)
+    dm = TextDataModule(text_file=str(f), block_size=8, batch_size=2)
+    assert dm.vocab_size == 4
+    with pytest.raises(UserInputError, match="not found; pass an existing file with --data.text_file"):
+        TextDataModule(text_file=str(tmp_path / "missing.txt"))
+
+
+def test_llmc_and_nanogpt_shard_layouts(tmp_path):
+    tokens = np.arange(1000, dtype=np.uint32) * 70  # values above 2**16 need uint32
+    write_shard(tmp_path / "d_train_000001.bin", tokens, np.uint32)
+    write_shard(tmp_path / "d_val_000000.bin", tokens[:300] % 60000, np.uint16)
+    windows = TokenWindows(find_shards(tmp_path, "train"), block_size=10)
+    assert len(windows) == 99
+    x, y = windows[5]
+    assert x.tolist() == (np.arange(50, 60) * 70).tolist() and y[-1].item() == 60 * 70
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (np.arange(500, dtype=np.uint16)).tofile(raw / "train.bin")  # nanoGPT: no header
+    x, _ = TokenWindows(find_shards(raw, "train"), block_size=8)[2]
+    assert x.tolist() == list(range(16, 24))
+
+
+def test_prepare_with_a_local_tokenizer_then_train_windows(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    corpus = [tmp_path / f"doc{i}.txt" for i in range(2)]
+    for i, path in enumerate(corpus):
+        path.write_text(("the quick brown fox jumps over the lazy dog %d\n" % i) * 200)
+    tok.train([str(p) for p in corpus], trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "<eot>"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+
+    meta = prepare([str(p) for p in corpus], str(tmp_path / "tokenizer.json"), str(tmp_path / "shards"),
+                   shard_tokens=1000, val_fraction=0.1, eot="<eot>")
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == tok.get_vocab_size()
+    assert json.loads((tmp_path / "shards" / "meta.json").read_text())["vocab_size"] == meta["vocab_size"]
+    assert len(find_shards(tmp_path / "shards", "train")) >= 2
+
+    dm = TextDataModule(shards_dir=str(tmp_path / "shards"), block_size=16, batch_size=2)
+    assert dm.vocab_size == meta["vocab_size"]
+    dm.setup("fit")
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (2, 16) and int(x.max()) < meta["vocab_size"]
+    # Round trip: the shards hold exactly what the tokenizer produced.
+    first = TokenWindows(find_shards(tmp_path / "shards", "train"), block_size=8)[0][0].tolist()
+    expected = [tok.token_to_id("<eot>")] + tok.encode(corpus[0].read_text()).ids
+    assert first == expected[:8]
+
+
+def test_missing_shards_dir_says_how_to_make_it(tmp_path):
+    with pytest.raises(UserInputError, match="python -m lit.data.prepare"):
+        TextDataModule(shards_dir=str(tmp_path / "nope"))
