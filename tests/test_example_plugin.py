@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from arch_plugins import registry
+from tests.conftest import write_distribution
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,30 +31,12 @@ PYPROJECT = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text())
 RECIPE = REPO / "recipes" / "gpt_baseline.yaml"
 
 
-def _dist_info_name(project: dict) -> str:
-    # The wheel naming rule: '-' and '.' become '_' in the distribution part of the folder name.
-    return f"{project['name'].replace('-', '_').replace('.', '_')}-{project['version']}.dist-info"
-
-
-def _entry_points_txt(project: dict) -> str:
-    lines = []
-    for group, eps in project.get("entry-points", {}).items():
-        lines.append(f"[{group}]")
-        lines += [f"{name} = {target}" for name, target in eps.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
 @pytest.fixture
 def installed(tmp_path_factory):
     """Make arch-lab-scalenorm visible as an installed distribution for the duration of one test."""
     project = PYPROJECT["project"]
     site = tmp_path_factory.mktemp("site-packages")
-    dist_info = site / _dist_info_name(project)
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    (dist_info / "entry_points.txt").write_text(_entry_points_txt(project))
+    dist_info = write_distribution(site, project["name"], project["version"], project["entry-points"])
     (dist_info / "top_level.txt").write_text("scalenorm_plugin\n")
 
     before = set(sys.modules)

@@ -156,7 +156,8 @@ class Block(nn.Module):
         self.mlp_out = _site(norm, Site.MLP_OUT, d, layer, stack)
         self.mlp_merge = plugins.residual.merge("mlp", layer, stack)
         self.mlp_after_add = _site(norm, Site.MLP_AFTER_ADD, d, layer, stack)
-        self.drop = nn.Dropout(cfg.dropout)
+        # No module at all when off: dropout(p=0) still launches a kernel on GPU.
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
 
     def forward(self, h: torch.Tensor, history: ResidualHistory, rope: RotaryEmbedding | None) -> torch.Tensor:
         history.block_inputs.append(h)
