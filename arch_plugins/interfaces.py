@@ -170,7 +170,7 @@ class ProjectionType:
         The default builds them separately; a projection type may fuse them into one matmul.
         """
         return Concat([self.linear(d_in, d, r, layer, stack, bias=bias, init_std=init_std)
-                       for d, r in zip(d_outs, roles)])
+                       for d, r in zip(d_outs, roles, strict=True)])
 
     def ffn(self, layer: int, stack: StackInfo, *, bias: bool, init_std: float) -> nn.Module | None:
         """A whole feed-forward sublayer (d_model -> d_model), or None for the stack's standard MLP."""

@@ -41,8 +41,6 @@ class PluginSpec:
 
 # Plugins registered in-process (tests, notebooks): kind -> name -> (spec, object).
 _LOCAL: dict[str, dict[str, tuple[PluginSpec, Any]]] = {k: {} for k in KIND_INTERFACES}
-# Plugins selected in this process, for provenance tags: (kind, name) -> spec.
-_SELECTED: dict[tuple[str, str], PluginSpec] = {}
 
 
 def kinds() -> list[str]:
@@ -65,6 +63,7 @@ def _specs(kind: str) -> dict[str, list[PluginSpec]]:
         # The same distribution can be seen twice on sys.path (e.g. editable + installed): not a clash.
         if all(c.package != spec.package for c in claims):
             claims.append(spec)
+            claims.sort(key=lambda c: c.package)  # deterministic messages, whatever sys.path order
     for name, (spec, _) in _LOCAL[kind].items():
         found[name] = [spec]  # an explicit in-process registration overrides metadata
     return found
@@ -132,7 +131,6 @@ def create(kind: str, name: str, options: dict[str, Any] | None = None) -> Any:
         obj = cls(**options)
     except (TypeError, ValueError) as exc:
         raise PluginError(f"{kind} {name!r} rejected its options {options}: {exc}") from exc
-    _SELECTED[(kind, name)] = spec(kind, name)
     return obj
 
 
@@ -146,12 +144,6 @@ def register(kind: str, name: str, obj: type, *, package: str = "(in-process)", 
 
 def unregister(kind: str, name: str) -> None:
     _LOCAL[kind].pop(name, None)
-    _SELECTED.pop((kind, name), None)
-
-
-def selected() -> list[PluginSpec]:
-    """Plugins instantiated in this process so far (for run provenance)."""
-    return list(_SELECTED.values())
 
 
 def describe(kind: str, name: str) -> str:

@@ -14,14 +14,13 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+# lit.data and lit.language_model are imported so that recipes may name their classes by short name.
+import lit.data  # noqa: F401
+import lit.language_model  # noqa: F401
 from arch_plugins import registry
 from arch_plugins.registry import PluginError
 from lit.errors import UserInputError
 from lit.tracking import LogConfigToMLflow
-
-# Imported so that recipes and the command line can name them by short class name.
-import lit.data  # noqa: F401,E402
-import lit.language_model  # noqa: F401,E402
 
 USER_ERRORS = (PluginError, UserInputError)
 
@@ -75,14 +74,14 @@ def print_plugins() -> None:
         print(f"warning: {w.message}", file=sys.stderr)
 
 
-def main(args: list[str] | None = None) -> None:
+def main(args: list[str] | None = None) -> LightningCLI | None:
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["plugins"]:
         ArgumentParser(prog="cli.py plugins", description="List installed plugins.").parse_args(argv[1:])
         print_plugins()
         return
     try:
-        ArchLabCLI(
+        return ArchLabCLI(
             LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
             save_config_callback=LogConfigToMLflow, trainer_defaults=trainer_defaults(),
             parser_class=OneLineErrorParser, args=args,

@@ -19,8 +19,7 @@ from typing import Any, Literal
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
-
-from arch_plugins import registry
+from torch import nn
 
 # The code that runs, wherever the run is launched from: its commit is the run's provenance.
 CODE_DIR = Path(__file__).resolve().parent.parent
@@ -47,7 +46,7 @@ class MLflowLogger(MLFlowLogger):
                  tracking_uri: str | None = None, tags: dict[str, Any] | None = None, save_dir: str = "runs",
                  log_model: Literal[True, False, "all"] = False, artifact_location: str | None = None,
                  run_id: str | None = None, synchronous: bool | None = None):
-        tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+        tracking_uri = absolute_sqlite(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
         super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=tracking_uri,
                          tags=tags, save_dir=save_dir, log_model=log_model,
                          artifact_location=artifact_location, run_id=run_id, synchronous=synchronous)
@@ -56,6 +55,18 @@ class MLflowLogger(MLFlowLogger):
     @property
     def save_dir(self) -> str:
         return self._local_dir
+
+
+def absolute_sqlite(uri: str) -> str:
+    """``sqlite:///mlflow.db`` -> ``sqlite:////abs/path/mlflow.db``: the launch folder is resolved once.
+
+    MLflow caches one database engine per URI string, so a relative URI would keep writing to the
+    first folder's database in a process that changes directory (notebooks, tests).
+    """
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/") and ":memory:" not in uri:
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -81,10 +92,10 @@ def git_commit() -> tuple[str, bool] | None:
     return commit, bool(status)
 
 
-def provenance_tags() -> dict[str, str]:
-    """Plugins used (name, package, version) and the git commit, as MLflow tags."""
+def provenance_tags(model: nn.Module) -> dict[str, str]:
+    """The plugins ``model`` is built from (name, package, version) and the git commit, as MLflow tags."""
     tags = {}
-    for spec in registry.selected():
+    for spec in {s for m in model.modules() for s in getattr(m, "plugin_specs", ())}:
         tags[f"plugin.{spec.kind}"] = spec.name
         tags[f"plugin.{spec.kind}.package"] = spec.origin
     commit = git_commit()
@@ -117,4 +128,4 @@ class LogConfigToMLflow(SaveConfigCallback):
                       if k != "config"]  # the --config paths are not hyperparameters
             for i in range(0, len(params), 100):
                 client.log_batch(run_id, params=params[i:i + 100])
-            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in provenance_tags().items()])
+            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in provenance_tags(pl_module).items()])

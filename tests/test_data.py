@@ -64,7 +64,7 @@ def test_prepare_with_a_local_tokenizer_then_train_windows(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel()
     corpus = [tmp_path / f"doc{i}.txt" for i in range(2)]
     for i, path in enumerate(corpus):
-        path.write_text(("the quick brown fox jumps over the lazy dog %d\n" % i) * 200)
+        path.write_text((f"the quick brown fox jumps over the lazy dog {i}\n") * 200)
     tok.train([str(p) for p in corpus], trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "<eot>"]))
     tok.save(str(tmp_path / "tokenizer.json"))
 

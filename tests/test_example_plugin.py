@@ -45,7 +45,7 @@ def installed(tmp_path_factory):
         mp.syspath_prepend(str(site))
         importlib.invalidate_caches()
         yield project
-        registry.unregister("norm", "scalenorm")  # drops it from registry.selected() too
+        registry.unregister("norm", "scalenorm")
     # sys.path is restored: forget the plugin's modules and the finders' view of the removed folders.
     for name in set(sys.modules) - before:
         if name == "scalenorm_plugin" or name.startswith("scalenorm_plugin."):
@@ -124,12 +124,13 @@ def test_trains_by_name_from_the_cli(installed, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["cli.py"])  # pytest's own arguments are not the CLI's
-    registry.unregister("norm", "scalenorm")  # forget earlier selections, so selected() reflects this run
-    main(["fit", "--config", str(RECIPE), "--model.arch.norm=scalenorm", "--model.arch.d_model=32",
+    cli = main(["fit", "--config", str(RECIPE), "--model.arch.norm=scalenorm", "--model.arch.d_model=32",
           "--model.arch.n_layers=1", "--data.block_size=32", "--data.batch_size=4",
           "--trainer.fast_dev_run=true", "--trainer.logger=false", "--trainer.enable_progress_bar=false"])
-    used = {(s.kind, s.name): s for s in registry.selected()}
+    stack = cli.model.model.stack
+    used = {(s.kind, s.name): s for s in stack.plugin_specs}
     assert used[("norm", "scalenorm")].origin == "arch-lab-scalenorm==0.1.0"
+    assert isinstance(stack.blocks[0].attn_in, ScaleNorm)
 
     model = GPT(vocab_size=65, block_size=32,
                 arch=TransformerConfig(d_model=32, n_layers=1, n_heads=4, norm="scalenorm"))

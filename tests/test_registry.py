@@ -44,7 +44,6 @@ def test_listing_names_imports_no_plugin_code():
 def test_create_loads_checks_and_configures():
     norm = registry.create("norm", "rmsnorm", {"eps": 1e-5})
     assert isinstance(norm, RMSNormStrategy) and norm.eps == 1e-5
-    assert ("norm", "rmsnorm") in {(s.kind, s.name) for s in registry.selected()}
 
 
 def test_unknown_name_suggests_the_closest():

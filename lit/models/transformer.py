@@ -72,6 +72,9 @@ class Plugins:
         self.norm = registry.create("norm", cfg.norm, cfg.norm_options)
         self.residual = registry.create("residual", cfg.residual, cfg.residual_options)
         self.projection = registry.create("projection", cfg.projection, cfg.projection_options)
+        # Where each component came from (package, version), for the run's provenance.
+        self.specs = [registry.spec(kind, name) for kind, name in
+                      (("norm", cfg.norm), ("residual", cfg.residual), ("projection", cfg.projection))]
 
 
 def _constrain(plugins: Plugins, module: nn.Module, role: str, axis: Literal["in", "out"]) -> None:
@@ -202,6 +205,10 @@ class TransformerStack(nn.Module):
         if self.stream is not None:
             h = self.stream.end(h, history)
         return self.final(h)
+
+    @property
+    def plugin_specs(self) -> list[registry.PluginSpec]:
+        return self.plugins.specs
 
     def site(self, site: str, dim: int) -> nn.Module:
         """A model-level site for the task head (e.g. LOGITS), from this stack's norm strategy."""
