@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import sys
 import warnings
+from functools import partial
 
 from jsonargparse import ArgumentParser
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-# lit.data and lit.language_model are imported so that recipes may name their classes by short name.
+# Imported so that recipes may name these classes by short name.
 import lit.data  # noqa: F401
+import lit.image_classifier  # noqa: F401
 import lit.language_model  # noqa: F401
 from arch_plugins import registry
 from arch_plugins.registry import PluginError
@@ -49,11 +51,21 @@ def _condense(message: str) -> str:
 class ArchLabCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Facts of the data reach the model without being typed twice (they are not meant to be set).
-        parser.link_arguments("data.vocab_size", "model.init_args.vocab_size", apply_on="instantiate")
-        parser.link_arguments("data.block_size", "model.init_args.block_size", apply_on="instantiate")
+        # Each DataModule has only its task's facts, so they are read with getattr; a model that does not
+        # take one (a LanguageModel has no num_classes) ignores its link.
+        for fact in DATA_FACTS:
+            parser.link_arguments("data", f"model.init_args.{fact}", apply_on="instantiate",
+                                  compute_fn=partial(_data_fact, fact))
         # Always checkpoint, with last.ckpt for resuming; configurable as --checkpoint.*.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True})
+
+
+DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans")
+
+
+def _data_fact(fact: str, data: LightningDataModule):
+    return getattr(data, fact, None)
 
 
 def trainer_defaults() -> dict:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import time
-from functools import partial
-
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
+from lit.init_from import Growth, load_initial_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
-from lit.optim import adamw, warmup_cosine
+from lit.optim import adamw_warmup_cosine
+from lit.throughput import StepRate
 
 
 class LanguageModel(L.LightningModule):
@@ -31,18 +30,24 @@ class LanguageModel(L.LightningModule):
         max_new_tokens: tokens sampled per prompt by ``predict``.
         temperature: sampling temperature (0 = greedy).
         top_k: sample among the k most likely tokens only.
+        init_from: a checkpoint whose weights start this run (optimizer and step start fresh); a TokenFormer
+            checkpoint with fewer parameter tokens grows into this model.
+        growth: how parameter tokens are added when growing.
     """
 
     def __init__(self, vocab_size: int = 65, block_size: int = 256, arch: TransformerConfig = TransformerConfig(),
                  tie_embeddings: bool = False, lr: float = 1e-3, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
-                 max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = None):
+                 max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = None,
+                 init_from: str | None = None, growth: Growth = Growth()):
         super().__init__()
         # The resolved config is logged by the CLI; the logger need not log hparams a second time.
         self.save_hyperparameters(logger=False)
         self.model = GPT(vocab_size, block_size, arch, tie_embeddings)
+        if init_from is not None:
+            load_initial_weights(self, init_from, growth)
         self.val_ppl = Perplexity()
-        self._last_step_time: float | None = None
+        self.tokens_per_s = StepRate()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
@@ -55,15 +60,16 @@ class LanguageModel(L.LightningModule):
         loss = self._loss(self(idx), targets)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
-        now = time.perf_counter()
-        if self._last_step_time is not None:  # wall time of a whole step: data, forward, backward, update
-            tokens = idx.numel() * self.trainer.world_size
-            self.log("train/tokens_per_s", tokens / (now - self._last_step_time), prog_bar=True)
-        self._last_step_time = now
+        rate = self.tokens_per_s.tick(idx.numel() * self.trainer.world_size)
+        if rate is not None:
+            self.log("train/tokens_per_s", rate, prog_bar=True)
         return loss
 
     def on_train_epoch_start(self) -> None:
-        self._last_step_time = None  # validation time between epochs is not training throughput
+        self.tokens_per_s.reset()  # time spent outside training steps is not training throughput
+
+    def on_validation_start(self) -> None:
+        self.tokens_per_s.reset()
 
     def validation_step(self, batch, batch_idx: int) -> None:
         idx, targets = batch
@@ -86,9 +92,4 @@ class LanguageModel(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = adamw(self, hp.lr, hp.weight_decay, tuple(hp.betas))
-        total = self.trainer.estimated_stepping_batches
-        schedule = partial(warmup_cosine, warmup_steps=hp.warmup_steps, total_steps=int(total),
-                           min_lr_ratio=hp.min_lr_ratio)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.min_lr_ratio)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import nn
@@ -24,3 +25,13 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def adamw_warmup_cosine(module, lr: float, weight_decay: float, betas: tuple[float, float], warmup_steps: int,
+                        min_lr_ratio: float) -> dict:
+    """``configure_optimizers`` of every LightningModule here: AdamW stepped by a per-step warmup-cosine."""
+    optimizer = adamw(module, lr, weight_decay, tuple(betas))
+    total = int(module.trainer.estimated_stepping_batches)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, partial(warmup_cosine, warmup_steps=warmup_steps, total_steps=total, min_lr_ratio=min_lr_ratio))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

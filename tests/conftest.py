@@ -59,3 +59,30 @@ def workdir(tmp_path, monkeypatch):
 TINY_LM = ["--model.arch.d_model=32", "--model.arch.n_layers=2", "--model.arch.n_heads=2",
            "--data.block_size=32", "--data.batch_size=4", "--trainer.enable_progress_bar=false",
            "--trainer.enable_model_summary=false"]
+
+
+def make_image_folder(root: Path, classes=("n01440764", "n01443537"), per_class: int = 3, seed: int = 0) -> Path:
+    """A tiny ImageNet-layout folder of real JPEG files (varied sizes, RGB), as the real loader sees them."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split in ("train", "val"):
+        for c in classes:
+            folder = root / split / c
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                h, w = rng.integers(40, 80, size=2)
+                pixels = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{c}_{i}.JPEG", format="JPEG")
+    return root
+
+
+@pytest.fixture
+def image_folder(tmp_path) -> Path:
+    return make_image_folder(tmp_path / "imagenet")
+
+
+# Overrides that make any ViT recipe tiny and fast.
+TINY_VIT = ["--model.arch.d_model=32", "--model.arch.n_layers=2", "--model.arch.n_heads=2",
+            "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from timm.layers import DropPath
 from torch import nn
 
 from arch_plugins import registry
@@ -35,6 +36,9 @@ class TransformerConfig:
     mlp_hidden: int | None = None
     bias: bool = False
     dropout: float = 0.0
+    # Stochastic depth (DeiT): each sublayer's branch is dropped per sample with a rate growing
+    # linearly over the blocks from 0 to this value.
+    drop_path: float = 0.0
     positions: Literal["rope", "learned", "none"] = "rope"
     rope_base: float = 10000.0
     init_std: float = 0.02
@@ -161,17 +165,19 @@ class Block(nn.Module):
         self.mlp_after_add = _site(norm, Site.MLP_AFTER_ADD, d, layer, stack)
         # No module at all when off: dropout(p=0) still launches a kernel on GPU.
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+        rate = cfg.drop_path * layer / max(1, cfg.n_layers - 1)
+        self.drop_path = DropPath(rate) if rate > 0 else nn.Identity()
 
     def forward(self, h: torch.Tensor, history: ResidualHistory, rope: RotaryEmbedding | None) -> torch.Tensor:
         history.block_inputs.append(h)
         x = self.attn_merge.branch_input(h, history)
-        y = self.attn_out(self.drop(self.attn(self.attn_in(x), rope)))
+        y = self.drop_path(self.attn_out(self.drop(self.attn(self.attn_in(x), rope))))
         h = self.attn_after_add(self.attn_merge(h, y, history))
         history.states.append(h)
         history.branches.append(y)
 
         x = self.mlp_merge.branch_input(h, history)
-        y = self.mlp_out(self.drop(self.mlp(self.mlp_in(x))))
+        y = self.drop_path(self.mlp_out(self.drop(self.mlp(self.mlp_in(x)))))
         h = self.mlp_after_add(self.mlp_merge(h, y, history))
         history.states.append(h)
         history.branches.append(y)

@@ -1,0 +1,157 @@
+"""TokenFormer's Pattention (Wang et al., ICLR 2025): a projection made of learnable parameter tokens.
+
+The input attends to ``n`` key tokens; the scores go through Θ (row-wise L2 normalisation times
+sqrt(n), then GeLU) and weight ``n`` value tokens. Q, K, V and the attention output are each one
+Pattention (n = d_model), and the whole FFN is a single Pattention (n = 4 d_model). Because the
+parameters are tokens, a trained model can grow by appending tokens (see ``grow_from``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from arch_plugins.constraints import declare_unit_norm
+from arch_plugins.interfaces import ProjectionType, Role, StackInfo
+
+Activation = Literal["l2_norm_gelu", "gelu_l2_norm", "softmax"]
+
+
+def theta(scores: torch.Tensor, activation: Activation, scale: float | torch.Tensor, eps: float) -> torch.Tensor:
+    """The "modified softmax" over the parameter-token axis (last dim).
+
+    ``scale`` is sqrt(n) normally; growth with ``preserve_function`` keeps it at sqrt(n_old).
+    """
+    if activation == "l2_norm_gelu":
+        # One (T, 1) factor and one multiply over (T, n): cheaper than dividing then scaling.
+        factor = scale / (torch.linalg.vector_norm(scores, dim=-1, keepdim=True) + eps)
+        return F.gelu(scores * factor)
+    if activation == "gelu_l2_norm":
+        g = F.gelu(scores)
+        return g * (scale / (torch.linalg.vector_norm(g, dim=-1, keepdim=True) + eps))
+    if activation == "softmax":
+        return torch.softmax(scores, dim=-1) * scale ** 2  # exp(A) / ||exp(A)||_1 * n
+    raise ValueError(f"unknown Pattention activation {activation!r}; use l2_norm_gelu, gelu_l2_norm or softmax")
+
+
+class Pattention(nn.Module):
+    """``Θ(x K_Pᵀ) V_P`` with key tokens K_P (n, d_in) and value tokens V_P (n, d_out); no bias.
+
+    ``scale_tokens`` (a buffer, so it travels in checkpoints) is the n whose square root scales the
+    normalised scores: the token count at construction, the old count after a function-preserving growth.
+    """
+
+    def __init__(self, d_in: int, d_out: int, n: int, *, activation: Activation = "l2_norm_gelu",
+                 eps: float = 1e-5, key_std: float = 0.02, value_std: float = 0.02):
+        super().__init__()
+        if n < 1:
+            raise ValueError(f"Pattention needs at least one parameter token, got n={n}")
+        theta(torch.zeros(1, 1), activation, 1.0, eps)  # fail at construction on an unknown activation
+        self.d_in, self.d_out, self.activation, self.eps = d_in, d_out, activation, eps
+        self.key_std, self.value_std = key_std, value_std
+        self.key_param_tokens = nn.Parameter(torch.empty(n, d_in))
+        self.value_param_tokens = nn.Parameter(torch.empty(n, d_out))
+        self.register_buffer("scale_tokens", torch.tensor(float(n)))
+        self.reset_parameters()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.key_param_tokens.shape[0]
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.key_param_tokens, std=self.key_std)
+        nn.init.normal_(self.value_param_tokens, std=self.value_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = x @ self.key_param_tokens.t()
+        # A tensor op, not .item(): no host sync on GPU and no graph break under torch.compile.
+        weights = theta(scores, self.activation, self.scale_tokens.sqrt(), self.eps)
+        return weights @ self.value_param_tokens
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}, n={self.num_tokens}, activation={self.activation}"
+
+    def constrain_unit_norm(self, axis: Literal["in", "out"]) -> None:
+        # Every key token lives in the input space and every value token in the output space; under
+        # nGPT both are d_model vectors, so each token is kept on the unit sphere whatever the axis.
+        declare_unit_norm(self, "key_param_tokens", 1)
+        declare_unit_norm(self, "value_param_tokens", 1)
+
+    @torch.no_grad()
+    def grow_from(self, old: dict[str, torch.Tensor], *, new_keys: Literal["zero", "init"],
+                  preserve_function: bool) -> None:
+        """Take a smaller Pattention's tokens into the first rows of this one (progressive scaling).
+
+        ``old`` holds ``key_param_tokens``, ``value_param_tokens`` and optionally ``scale_tokens``.
+        New keys are zero (the paper: new tokens score 0 and GeLU(0) = 0, so they add nothing) or keep
+        their fresh initialisation (the reference code). New values keep their initialisation. With
+        ``preserve_function`` the scale stays at the old sqrt(n) and the output is unchanged.
+        """
+        keys, values = old["key_param_tokens"], old["value_param_tokens"]
+        n_old, n_new = keys.shape[0], self.num_tokens
+        if n_old > n_new:
+            raise ValueError(f"cannot grow from {n_old} to {n_new} parameter tokens: the checkpoint is larger")
+        if keys.shape[1] != self.d_in or values.shape[1] != self.d_out:
+            raise ValueError(f"parameter-token widths differ: checkpoint keys {tuple(keys.shape)} / values "
+                             f"{tuple(values.shape)}, model keys {tuple(self.key_param_tokens.shape)} / "
+                             f"values {tuple(self.value_param_tokens.shape)}")
+        if preserve_function and (new_keys != "zero" or self.activation == "softmax"):
+            raise ValueError("preserve_function needs new_keys='zero' and an L2-normalised activation "
+                             "(softmax gives new tokens weight exp(0) = 1)")
+        self.key_param_tokens[:n_old].copy_(keys)
+        self.value_param_tokens[:n_old].copy_(values)
+        if new_keys == "zero":
+            self.key_param_tokens[n_old:].zero_()
+        old_scale = old.get("scale_tokens", torch.tensor(float(n_old)))
+        self.scale_tokens.fill_(float(old_scale) if preserve_function else float(n_new))
+
+
+class PattentionProjection(ProjectionType):
+    """TokenFormer's projection type: every projection and the whole FFN are Pattention layers.
+
+    Token counts per role default to TokenFormer's rule (n_qkv = n_out = d_model, n_ffn = 4 d_model).
+    Keys are N(0, key_std); values N(0, 2 / (L sqrt(d))) ("wang init", for every Pattention), as in
+    the reference code. The stack's ``init_std`` and depth scaling do not apply to parameter tokens.
+
+    Args:
+        tokens_qkv: parameter tokens of each of the q, k, v projections (default d_model).
+        tokens_out: parameter tokens of the attention output projection (default d_model).
+        tokens_ffn: parameter tokens of the FFN (default 4 d_model).
+        activation: Θ: ``l2_norm_gelu`` (TokenFormer's), ``gelu_l2_norm`` or ``softmax``.
+        eps: added to the L2 norm so that a zero score row stays finite.
+        key_std: std of the key tokens.
+        value_std: std of the value tokens; None: 2 / (n_layers * sqrt(d_model)).
+    """
+
+    def __init__(self, tokens_qkv: int | None = None, tokens_out: int | None = None, tokens_ffn: int | None = None,
+                 activation: Activation = "l2_norm_gelu", eps: float = 1e-5, key_std: float = 0.02,
+                 value_std: float | None = None):
+        theta(torch.zeros(1, 1), activation, 1.0, eps)
+        self.tokens_qkv, self.tokens_out, self.tokens_ffn = tokens_qkv, tokens_out, tokens_ffn
+        self.activation, self.eps, self.key_std, self.value_std = activation, eps, key_std, value_std
+
+    def _tokens(self, role: str, stack: StackInfo) -> int:
+        d = stack.d_model
+        if role == Role.FFN:
+            return self.tokens_ffn or 4 * d
+        if role == Role.ATTN_OUT:
+            return self.tokens_out or d
+        return self.tokens_qkv or d
+
+    def _make(self, d_in: int, d_out: int, n: int, stack: StackInfo, bias: bool) -> Pattention:
+        if bias:
+            raise ValueError("pattention has no bias (parameter tokens replace the whole matrix); set arch.bias=false")
+        value_std = self.value_std if self.value_std is not None else 2 / (stack.num_layers * math.sqrt(stack.d_model))
+        return Pattention(d_in, d_out, n, activation=self.activation, eps=self.eps, key_std=self.key_std,
+                          value_std=value_std)
+
+    def linear(self, d_in: int, d_out: int, role: str, layer: int, stack: StackInfo, *, bias: bool,
+               init_std: float) -> Pattention:
+        return self._make(d_in, d_out, self._tokens(role, stack), stack, bias)
+
+    def ffn(self, layer: int, stack: StackInfo, *, bias: bool, init_std: float) -> Pattention:
+        return self._make(stack.d_model, stack.d_model, self._tokens(Role.FFN, stack), stack, bias)

@@ -1,0 +1,101 @@
+"""ImageClassifier: a ViT assembled from plugins, trained with cross-entropy on hard or mixed targets."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torchmetrics.classification import MulticlassAccuracy
+
+from lit.init_from import Growth, load_initial_weights
+from lit.models.transformer import TransformerConfig
+from lit.models.vit import VIT_ARCH, ViT, with_variant
+from lit.optim import adamw_warmup_cosine
+from lit.throughput import StepRate
+
+
+class ImageClassifier(L.LightningModule):
+    """Image classification. Never looks inside the architecture: ``arch`` (and ``variant``) say it all.
+
+    Args:
+        num_classes: linked from the DataModule.
+        image_size: linked from the DataModule.
+        in_chans: linked from the DataModule.
+        arch: the transformer stack and its plugins (ViT defaults: layernorm, GELU MLP, biases).
+        variant: a standard ViT size (tiny, small, base, large) that sets d_model, n_layers and n_heads of
+            ``arch``; None keeps ``arch`` as given.
+        patch_size: side of the square patches.
+        pooling: ``cls`` token or ``mean`` of the final tokens.
+        pos_embed: ``learned`` (ViT/DeiT), ``sincos`` (fixed 2-D, MAE) or ``none``.
+        lr: peak learning rate.
+        weight_decay: AdamW decay of matrices (vectors never decay).
+        betas: AdamW betas.
+        warmup_steps: linear warmup length.
+        min_lr_ratio: the cosine ends at ``lr * min_lr_ratio``.
+        init_from: a checkpoint whose weights start this run (optimizer and step start fresh); a TokenFormer
+            checkpoint with fewer parameter tokens grows into this model.
+        growth: how parameter tokens are added when growing.
+    """
+
+    def __init__(self, num_classes: int = 1000, image_size: int = 224, in_chans: int = 3,
+                 arch: TransformerConfig = VIT_ARCH, variant: Literal["tiny", "small", "base", "large"] | None = None,
+                 patch_size: int = 16, pooling: Literal["cls", "mean"] = "cls",
+                 pos_embed: Literal["learned", "sincos", "none"] = "learned", lr: float = 1e-3,
+                 weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 100,
+                 min_lr_ratio: float = 0.01, init_from: str | None = None, growth: Growth = Growth()):
+        super().__init__()
+        self.save_hyperparameters(logger=False)
+        self.model = ViT(num_classes, image_size, patch_size, in_chans, with_variant(arch, variant), pooling, pos_embed)
+        if init_from is not None:
+            load_initial_weights(self, init_from, growth)
+        top5 = min(5, num_classes)
+        self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.images_per_s = StepRate()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        images, targets = batch
+        logits = self(images)
+        # Class indices or probabilities (Mixup/CutMix, label smoothing): cross_entropy takes both.
+        loss = F.cross_entropy(logits.float(), targets)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        self.train_acc(logits, targets.argmax(dim=-1) if targets.is_floating_point() else targets)
+        self.log("train/acc", self.train_acc)
+        rate = self.images_per_s.tick(images.shape[0] * self.trainer.world_size)
+        if rate is not None:
+            self.log("train/images_per_s", rate, prog_bar=True)
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        self.images_per_s.reset()  # time spent outside training steps is not training throughput
+
+    def on_validation_start(self) -> None:
+        self.images_per_s.reset()
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        images, labels = batch
+        logits = self(images)
+        self.log("val/loss", F.cross_entropy(logits.float(), labels), prog_bar=True, sync_dist=True)
+        self.val_acc1(logits, labels)
+        self.val_acc5(logits, labels)
+        self.log("val/acc1", self.val_acc1, prog_bar=True)
+        self.log("val/acc5", self.val_acc5)
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        images, labels = batch
+        logits = self(images)
+        self.log("test/loss", F.cross_entropy(logits.float(), labels), sync_dist=True)
+        self.test_acc1(logits, labels)
+        self.log("test/acc1", self.test_acc1)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.min_lr_ratio)
