@@ -29,7 +29,8 @@ def load_grown(model: nn.Module, state_dict: dict[str, torch.Tensor], *, new_key
         old = {k[len(prefix):]: remaining.pop(k) for k in list(remaining) if k.startswith(prefix)
                and "." not in k[len(prefix):]}
         if not old:
-            raise GrowthError(f"the checkpoint has no weights for {name or 'the model'}")
+            raise GrowthError(f"the checkpoint has no weights for {name or 'the model'}: "
+                              "it is not a smaller version of this model")
         before = old["key_param_tokens"].shape[0] if "key_param_tokens" in old else None
         try:
             module.grow_from(old, new_keys=new_keys, preserve_function=preserve_function)

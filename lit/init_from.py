@@ -17,6 +17,7 @@ from torch import nn
 
 from arch_plugins.growth import GrowthError, load_grown
 from lit.errors import UserInputError
+from lit.models.transformer import TransformerConfig
 
 
 @dataclass
@@ -33,15 +34,22 @@ class Growth:
     preserve_function: bool = True
 
 
+# Our own config types that checkpoints hold in their hyperparameters; nothing else is unpickled.
+CHECKPOINT_TYPES = [TransformerConfig, Growth]
+
+
 def load_initial_weights(module: nn.Module, path: str | Path, growth: Growth) -> None:
     """Load the ``state_dict`` of a Lightning checkpoint into ``module`` (a LightningModule), growing where needed."""
     path = Path(path)
     if not path.is_file():
         raise UserInputError(f"init_from checkpoint not found: {path} (give the path of a .ckpt file)")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(CHECKPOINT_TYPES):
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated file, not a torch file, or pickled objects beyond plain weights
-        raise UserInputError(f"cannot read init_from checkpoint {path}: {str(exc).splitlines()[0]}") from exc
+        reason = str(exc).strip().splitlines()
+        reason = next((line.strip() for line in reason if "Unsupported global" in line), reason[0] if reason else "")
+        raise UserInputError(f"cannot read init_from checkpoint {path}: {reason}") from exc
     state_dict = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if state_dict is None:
         raise UserInputError(f"{path} is not a Lightning checkpoint (it has no state_dict)")

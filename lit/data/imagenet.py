@@ -87,7 +87,8 @@ class ImageFolderDataModule(ImageDataModule):
         # Full batches in training (batch mixing pairs images), unless the whole set is one small batch.
         drop_last = train and len(dataset) >= self.batch_size
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=drop_last,
-                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available(), persistent_workers=self.num_workers > 0)
+                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                          persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)

@@ -1,0 +1,90 @@
+"""Image data: the embedded digits, an ImageNet-layout folder of JPEGs, batch mixing, and bad roots."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit.cli import main
+from lit.data.digits import DigitsDataModule
+from lit.data.imagenet import ImageFolderDataModule
+from lit.errors import UserInputError
+from tests.conftest import REPO, TINY_VIT
+
+
+def test_digits_are_real_and_split_deterministically():
+    a, b = DigitsDataModule(), DigitsDataModule()
+    a.setup(), b.setup()
+    assert (len(a.train_set), len(a.val_set)) == (1438, 359)
+    assert torch.equal(a.val_set.tensors[0], b.val_set.tensors[0])
+    images, labels = a.train_set.tensors
+    assert images.shape[1:] == (1, 8, 8) and images.min() == -1 and images.max() == 1
+    assert set(labels.tolist()) == set(range(10))
+    assert (a.num_classes, a.image_size, a.in_chans) == (10, 8, 1)
+
+
+def test_image_folder_reads_jpegs_with_timm_transforms(image_folder):
+    dm = ImageFolderDataModule(str(image_folder), image_size=32, batch_size=4, num_workers=0)
+    assert dm.num_classes == 2
+    dm.setup("fit")
+    images, labels = next(iter(dm.train_dataloader()))
+    assert images.shape == (4, 3, 32, 32) and labels.dtype == torch.long
+    val_images, _ = next(iter(dm.val_dataloader()))
+    assert val_images.shape[1:] == (3, 32, 32)
+    assert len(dm.train_dataloader()) == 1  # 6 images, batch 4: the partial batch is dropped (mixing pairs)
+
+
+def test_a_set_smaller_than_one_batch_still_trains(image_folder):
+    dm = ImageFolderDataModule(str(image_folder), image_size=32, batch_size=128, num_workers=0)
+    dm.setup("fit")
+    assert len(dm.train_dataloader()) == 1
+
+
+class _Training:
+    training = True
+
+
+def test_mixup_cutmix_and_smoothing_make_probability_targets():
+    dm = DigitsDataModule(mixup=0.8, cutmix=1.0, label_smoothing=0.1)
+    dm.trainer = _Training()
+    images, labels = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
+    original = images.clone()  # timm mixes in place
+    mixed, targets = dm.on_after_batch_transfer((images, labels), 0)
+    assert targets.shape == (4, 10) and torch.allclose(targets.sum(1), torch.ones(4))
+    assert not torch.equal(mixed, original)
+    smooth = DigitsDataModule(label_smoothing=0.1)
+    smooth.trainer = _Training()
+    _, targets = smooth.on_after_batch_transfer((images, labels), 0)
+    assert targets[0, 0].item() == pytest.approx(0.91) and targets[0, 1].item() == pytest.approx(0.01)
+    plain = DigitsDataModule()
+    plain.trainer = _Training()
+    assert plain.on_after_batch_transfer((images, labels), 0)[1] is labels
+
+
+def test_bad_roots_are_one_clear_error(tmp_path):
+    with pytest.raises(UserInputError, match="point --data.root at"):
+        ImageFolderDataModule(None)
+    with pytest.raises(UserInputError, match="no train/ and val/"):
+        ImageFolderDataModule(str(tmp_path))
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    (tmp_path / "val" / "b").mkdir(parents=True)
+    with pytest.raises(UserInputError, match="different classes"):
+        ImageFolderDataModule(str(tmp_path))
+
+
+def test_imagenet_recipe_without_root_says_how_to_point_at_it(workdir, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(REPO / "recipes/vit_tokenformer.yaml"), "--trainer.fast_dev_run=true"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "--data.root" in err and "recipes/vit_tokenformer_digits.yaml" in err
+
+
+def test_classifier_learns_digits(workdir):
+    """A few epochs through the CLI: well above chance (10%), with the metrics logged."""
+    cli = main(["fit", "--config", str(REPO / "recipes/vit_tokenformer_digits.yaml"), *TINY_VIT,
+                "--trainer.max_epochs=6"])
+    metrics = cli.trainer.callback_metrics
+    assert metrics["val/acc1"] > 0.6, metrics
+    assert {"train/loss", "train/acc", "val/loss", "val/acc5", "train/images_per_s"} <= set(metrics)
