@@ -53,3 +53,18 @@ class LayerNormNonParamStrategy(PreNorm):
         if site not in self.SITES:
             return None
         return nn.LayerNorm(dim, eps=self.eps, elementwise_affine=site == Site.FINAL)
+
+
+# The norm layers that the placement strategies (post-norm, Peri-LN, Mix-LN, LayerNorm-Scaling) put
+# wherever they put norms: a researcher compares placements with the layer kept fixed.
+BASE_NORMS: dict[str, type[PreNorm]] = {"layernorm": LayerNormStrategy, "rmsnorm": RMSNormStrategy}
+
+
+def base_norm(base: str, eps: float | None = None) -> PreNorm:
+    """The ``layernorm`` or ``rmsnorm`` strategy whose ``make_norm`` a placement strategy builds on.
+
+    ``eps`` None keeps that norm's own default (1e-5 for LayerNorm, 1e-6 for RMSNorm).
+    """
+    if base not in BASE_NORMS:
+        raise ValueError(f"base must be one of {', '.join(BASE_NORMS)}, got {base!r}")
+    return BASE_NORMS[base]() if eps is None else BASE_NORMS[base](eps=eps)

@@ -1,0 +1,218 @@
+"""LAUREL, Learned Augmented Residual Layer (Menghani, Kumar, Kumar; ICML 2025): RW, LR, PA and their combinations.
+
+One form covers every variant. Around a function f of the stream x_i (a sublayer, or a whole block)::
+
+    x_{i+1} = alpha * f(x_i) + beta * g,    g = sum_{j<k} gamma_j * (x_{i-j} + B_j A_j x_{i-j})
+
+- RW (residual weights): alpha, beta learned and bounded; without RW they are fixed at 1.
+- LR (low rank): the B_j A_j terms, A (d -> r) with the paper's structured init, B (r -> d) zero;
+  without LR they are absent.
+- PA (previous activations): k > 1 earlier streams, gamma learned, initialised (1, 0, ..., 0);
+  without PA, k = 1 and gamma_0 = 1 is fixed.
+
+This is the paper's formula for RW, LR, RW+LR, RW+PA and RW+LR+PA. For PA alone the paper writes
+``f(x_i) + x_i + sum_j gamma'_j x_{i-j}``, the same family with gamma_0 = 1 + gamma'_0. At init every
+variant is the plain residual x_i + f(x_i) (B = 0, gamma = (1, 0, ...), alpha = beta = 1).
+
+Where LAUREL sits (``placement``): ``block`` (default) wraps each transformer block once, f being
+the block's two sublayers with their inner plain residual, x_i the block's input: the paper's LLM
+parameter count (2N(4D + 1) for N layers, rank 4) implies one instance per layer. ``sublayer`` wraps
+attention and MLP separately, twice the instances.
+
+The paper gives no parametrisation of alpha and beta, only that a softmax or a sigmoid must bound
+them. Here (alpha, beta) = 2 * softmax(a, b) (default; the two share a budget of 2, so RW reweights
+f against the carry but cannot inflate the stream) or alpha = 2 * sigmoid(a), beta = 2 * sigmoid(b)
+(independent, each in (0, 2)), with a = b = 0 at init: the factor 2 makes both exactly 1 there.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualType, StackInfo
+from arch_plugins.registry import PluginError
+from arch_plugins.residuals.add import Add
+
+WEIGHTINGS = ("softmax", "sigmoid")
+A_INITS = ("structured", "xavier")
+PLACEMENTS = ("block", "sublayer")
+
+
+class LowRank(nn.Module):
+    """x -> B(A x), rank r: A (down, d -> r) initialised as the paper's LLMs, B (up, r -> d) zero."""
+
+    def __init__(self, dim: int, rank: int, a_init: str):
+        super().__init__()
+        self.down = nn.Linear(dim, rank, bias=False)
+        self.up = nn.Linear(rank, dim, bias=False)
+        with torch.no_grad():
+            if a_init == "structured":
+                # The paper's "column orthogonal" init: A[i, j] = 1/sqrt(r d) if i mod r == j, so each of
+                # the r outputs sums a disjoint comb of the d inputs.
+                self.down.weight.zero_()
+                channels = torch.arange(dim)
+                self.down.weight[channels % rank, channels] = 1.0 / math.sqrt(rank * dim)
+            else:  # xavier: the paper's ResNet init
+                nn.init.xavier_uniform_(self.down.weight)
+            self.up.weight.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.down(x))
+
+
+class LaurelMerge(ResidualMerge):
+    """One LAUREL instance: x_{i+1} = alpha f(x_i) + beta sum_j gamma_j (x_{i-j} + B_j A_j x_{i-j})."""
+
+    def __init__(self, dim: int, *, wraps_block: bool, weights: str | None, rank: int | None,
+                 gammas: int | None, a_init: str):
+        super().__init__()
+        self.wraps_block, self.weights = wraps_block, weights
+        # RW: logits of (alpha, beta).
+        self.rw_logits = nn.Parameter(torch.zeros(2)) if weights is not None else None
+        # PA: one gamma per earlier stream that exists at this depth (the first layers see fewer than k).
+        self.gamma = None
+        if gammas is not None:
+            self.gamma = nn.Parameter(torch.zeros(gammas))
+            with torch.no_grad():
+                self.gamma[0] = 1.0
+        terms = gammas or 1
+        self.low_rank = nn.ModuleList(LowRank(dim, rank, a_init) for _ in range(terms)) if rank else None
+
+    def alpha_beta(self) -> torch.Tensor:
+        if self.weights == "softmax":
+            return 2 * torch.softmax(self.rw_logits, dim=0)
+        return 2 * torch.sigmoid(self.rw_logits)
+
+    def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        # x_i, x_{i-1}, ...: the streams entering this block and the ones before (block placement),
+        # or the stream entering this sublayer and those entering the previous ones (sublayer placement).
+        earlier = history.block_inputs if self.wraps_block else history.states
+        x_i = earlier[-1] if self.wraps_block else h
+        terms = self.gamma.shape[0] if self.gamma is not None else 1
+        xs = [x_i] + [earlier[-1 - j] for j in range(1, terms)]
+
+        # delta = g - x_i: what LAUREL adds to the plain residual's carry. Built from terms that are
+        # exactly zero at init, so LR and PA equal `add` there exactly, not only up to rounding.
+        delta = torch.zeros_like(x_i)
+        for j, x in enumerate(xs):
+            gamma = self.gamma[j] if self.gamma is not None else None
+            if gamma is not None:
+                delta = delta + (gamma - 1 if j == 0 else gamma) * x
+            if self.low_rank is not None:
+                lr = self.low_rank[j](x)
+                delta = delta + (lr if gamma is None else gamma * lr)
+
+        if self.rw_logits is None:
+            return h + branch + delta  # f(x_i) + x_i is the plain sum h + branch in both placements
+        alpha, beta = self.alpha_beta()
+        f = (h - x_i + branch) if self.wraps_block else branch
+        return alpha * f + beta * (x_i + delta)
+
+
+class LaurelResidual(ResidualType):
+    """LAUREL with any combination of RW, LR and PA (the named variants below fix which)."""
+
+    def __init__(self, *, weights: str | None = None, rank: int | None = None, previous: int | None = None,
+                 a_init: str = "structured", placement: str = "block"):
+        if weights is not None and weights not in WEIGHTINGS:
+            raise ValueError(f"weights bounds alpha and beta: give 'softmax' or 'sigmoid', got {weights!r}")
+        if rank is not None and (not isinstance(rank, int) or rank < 1):
+            raise ValueError(f"rank must be a positive integer (at most d_model), got {rank!r}")
+        if previous is not None and (not isinstance(previous, int) or previous < 1):
+            raise ValueError(f"previous is how many streams PA reads (k, the paper uses 3); give an integer >= 1, "
+                             f"got {previous!r}")
+        if a_init not in A_INITS:
+            raise ValueError(f"a_init must be 'structured' (the paper's LLMs) or 'xavier' (its ResNet), got {a_init!r}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be 'block' (once per transformer block) or 'sublayer' "
+                             f"(around attention and MLP each), got {placement!r}")
+        self.weights, self.rank, self.previous, self.a_init, self.placement = weights, rank, previous, a_init, placement
+
+    def merge(self, sublayer: str, layer: int, stack: StackInfo) -> ResidualMerge:
+        wraps_block = self.placement == "block"
+        if wraps_block and sublayer == "attn":
+            return Add()  # the block's inner residual; LAUREL acts at the MLP merge, where the block ends
+        if self.rank is not None and self.rank > stack.d_model:
+            raise PluginError(f"LAUREL rank {self.rank} exceeds d_model {stack.d_model}; "
+                              f"set residual_options.rank to at most {stack.d_model}")
+        gammas = None
+        if self.previous is not None:
+            # Streams that exist at this depth: one per block entered, or the embedding plus one per sublayer.
+            available = layer + 1 if wraps_block else 2 * layer + (1 if sublayer == "attn" else 2)
+            gammas = min(self.previous, available)
+        return LaurelMerge(stack.d_model, wraps_block=wraps_block, weights=self.weights, rank=self.rank,
+                           gammas=gammas, a_init=self.a_init)
+
+
+class LaurelRW(LaurelResidual):
+    """LAUREL-RW: alpha f(x) + beta x, (alpha, beta) = 2 softmax(a, b) by default; 2 parameters per instance.
+
+    Args:
+        weights: ``softmax`` (alpha + beta = 2) or ``sigmoid`` (each 2 sigmoid, independent).
+        placement: ``block`` (once per transformer block) or ``sublayer``.
+    """
+
+    def __init__(self, weights: str = "softmax", placement: str = "block"):
+        super().__init__(weights=weights, placement=placement)
+
+
+class LaurelLR(LaurelResidual):
+    """LAUREL-LR: f(x) + x + B A x, rank r (32), A structured, B zero: exactly `add` at init.
+
+    Args:
+        rank: r, the paper's small-LLM ablation value by default.
+        a_init: ``structured`` (the paper's LLMs) or ``xavier`` (its ResNet).
+        placement: ``block`` (once per transformer block) or ``sublayer``.
+    """
+
+    def __init__(self, rank: int = 32, a_init: str = "structured", placement: str = "block"):
+        super().__init__(rank=rank, a_init=a_init, placement=placement)
+
+
+class LaurelPA(LaurelResidual):
+    """LAUREL-PA: f(x_i) + sum_j gamma_j h_j(x_{i-j}) over the last k = 3 streams, gamma = (1, 0, 0): `add` at init.
+
+    Args:
+        previous: k, how many streams (this one and earlier ones) the carry mixes.
+        rank: None for identity h_j; a rank r for h_j = I + B_j A_j (B zero).
+        a_init: init of the A_j when ``rank`` is set.
+        placement: ``block`` (once per transformer block) or ``sublayer``.
+    """
+
+    def __init__(self, previous: int = 3, rank: int | None = None, a_init: str = "structured",
+                 placement: str = "block"):
+        super().__init__(previous=previous, rank=rank, a_init=a_init, placement=placement)
+
+
+class LaurelRWLR(LaurelResidual):
+    """LAUREL-RW+LR: alpha f(x) + beta (x + B A x), the paper's LLM-1B/4B choice.
+
+    Args:
+        weights: ``softmax`` or ``sigmoid`` (see laurel_rw).
+        rank: r (the paper: 4 at 1B, 64 at 4B, 32 in its small-LLM ablation).
+        a_init: ``structured`` or ``xavier``.
+        placement: ``block`` or ``sublayer``.
+    """
+
+    def __init__(self, weights: str = "softmax", rank: int = 32, a_init: str = "structured",
+                 placement: str = "block"):
+        super().__init__(weights=weights, rank=rank, a_init=a_init, placement=placement)
+
+
+class LaurelRWLRPA(LaurelResidual):
+    """LAUREL-RW+LR+PA: alpha f(x_i) + beta sum_j gamma_j (I + B_j A_j) x_{i-j}, the paper's best small LLM.
+
+    Args:
+        weights: ``softmax`` or ``sigmoid`` (see laurel_rw).
+        rank: r of each B_j A_j.
+        previous: k.
+        a_init: ``structured`` or ``xavier``.
+        placement: ``block`` or ``sublayer``.
+    """
+
+    def __init__(self, weights: str = "softmax", rank: int = 32, previous: int = 3, a_init: str = "structured",
+                 placement: str = "block"):
+        super().__init__(weights=weights, rank=rank, previous=previous, a_init=a_init, placement=placement)
