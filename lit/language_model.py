@@ -10,9 +10,11 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
+from lit.callbacks import RenormalizeUnitNormWeights, has_unit_norm_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
 from lit.optim import adamw, warmup_cosine
+from lit.parallel import shard
 
 
 class LanguageModel(L.LightningModule):
@@ -46,6 +48,16 @@ class LanguageModel(L.LightningModule):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
+
+    def configure_model(self) -> None:
+        # Strategies with a device mesh (ModelParallelStrategy) shard here; every other strategy has none.
+        if self.device_mesh is not None:
+            shard(self.model, self.device_mesh)
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        # Whatever the architecture, weights that declared a unit-norm constraint are kept on the sphere;
+        # attached here so that selecting such a plugin on the command line cannot forget the callback.
+        return [RenormalizeUnitNormWeights()] if has_unit_norm_weights(self.model) else []
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
