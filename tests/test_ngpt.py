@@ -56,15 +56,16 @@ def test_effective_initial_values_follow_the_scale_trick():
     torch.testing.assert_close(alpha(), torch.full((d,), 0.05))
 
 
-def test_qk_site_normalizes_per_head_and_scales_q_and_k():
+def test_qk_site_gives_the_logits_of_normalized_q_and_k_scaled_per_head():
     g = torch.Generator().manual_seed(0)
     qk = HypersphereStrategy(s_qk_init=2.0, s_qk_scale=0.5).qk(0, STACK)
     randomize_scales_(qk, g)
     q, k = torch.randn(2, 4, 5, 8, generator=g), torch.randn(2, 4, 5, 8, generator=g)
     s = (qk.s_qk.stored * (2.0 / 0.5)).view(4, 1, 8)  # one value per (head, channel)
     got_q, got_k = qk(q, k)
-    torch.testing.assert_close(got_q, s * unit(q))
-    torch.testing.assert_close(got_k, s * unit(k))
+    # The spec scales both q and k by s_qk; the module folds s_qk^2 into q: the logits are what must agree.
+    torch.testing.assert_close(got_q @ got_k.transpose(-1, -2), (s * unit(q)) @ (s * unit(k)).transpose(-1, -2))
+    torch.testing.assert_close(got_k.norm(dim=-1), torch.ones(2, 4, 5))
     assert HypersphereStrategy().softmax_scale(0, STACK) == math.sqrt(8)
 
 
@@ -203,7 +204,7 @@ def copy_from_ngpt_pytorch_(stack: TransformerStack, layers, dim: int, heads: in
         else:
             attn, ff, alpha_attn, alpha_ff = layer
         block.attn.qkv.weight.copy_(torch.cat([attn.to_q.weight[perm], attn.to_k.weight[perm], attn.to_v.weight]))
-        # It scales q only, by a vector equal to our s_qk squared (applied to q and k).
+        # It scales q only, by a vector equal to our s_qk squared (ours: s_qk on q and k, as the paper).
         qk = block.attn.qk.s_qk
         qk.stored.copy_(attn.qk_scale()[perm].sqrt() / qk.multiplier)
         block.attn.out.weight.copy_(attn.to_out.weight)

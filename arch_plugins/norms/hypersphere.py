@@ -7,7 +7,8 @@ What this strategy does at each site of the block (``h`` is the residual stream,
   ``ngpt`` residual that gives h <- Norm(h + |alpha| (h_A - h)), the paper's eq. 10-11.
 - ``embedding``: L2-normalise the stream entering the first block (a no-op up to rounding for unit-norm
   token rows; it puts patch embeddings or added positions on the sphere too).
-- q and k (per head, after RoPE): q <- s_qk * q / |q|, k <- s_qk * k / |k|; softmax scale sqrt(d_k).
+- q and k (per head, after RoPE): q <- s_qk * q / |q|, k <- s_qk * k / |k| (computed as s_qk^2 on q only,
+  the same logits); softmax scale sqrt(d_k).
 - ``mlp_hidden``: the up-projection's output u|v times s_uv * sqrt(d_model).
 - ``logits``: times s_z.
 - No norm layers at ``*_in`` and no final norm; every weight role is constrained to unit norm along its
@@ -62,10 +63,10 @@ class ScaleBy(nn.Module):
 
 
 class QKNormScale(nn.Module):
-    """q <- s_qk * q/|q| and k <- s_qk * k/|k| per head; one s_qk per (head, channel), shared by q and k.
+    """The paper's q <- s_qk * q/|q|, k <- s_qk * k/|k| per head; one s_qk per (head, channel).
 
-    Shapes (B, H, T, head_dim). NVIDIA's reference scales both q and k by s_qk; nGPT-pytorch scales q only,
-    by a vector equal to s_qk squared (same logits).
+    Shapes (B, H, T, head_dim). Only the attention logits q.k matter, and (s*q^).(s*k^) = (s^2*q^).k^, so
+    s_qk squared multiplies q alone: one full-size multiply less per layer (nGPT-pytorch does the same).
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, init: float, scale: float, eps: float):
@@ -75,7 +76,7 @@ class QKNormScale(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.s_qk().view(self.num_heads, 1, self.head_dim)  # broadcast over batch and time
-        return l2_normalize(q, self.eps) * s, l2_normalize(k, self.eps) * s
+        return l2_normalize(q, self.eps) * s.square(), l2_normalize(k, self.eps)
 
 
 class HypersphereStrategy(NormStrategy):
