@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import lightning as L
+import pytest
 import torch
+from lightning.pytorch.strategies import FSDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 from arch_plugins.constraints import unit_norm_parameters
 from lit.callbacks import RenormalizeUnitNormWeights
+from lit.errors import UserInputError
 from lit.language_model import LanguageModel
 from lit.models import TransformerConfig
 
@@ -78,6 +83,12 @@ def test_unit_norm_before_training_and_after_every_step_with_accumulation():
 def test_callback_attached_only_when_some_weight_is_constrained():
     assert [type(c) for c in tiny_lm().configure_callbacks()] == [RenormalizeUnitNormWeights]
     assert tiny_lm(norm="rmsnorm", residual="add").configure_callbacks() == []
+
+
+def test_fsdp1_is_refused_with_one_line():
+    # Lightning's FSDPStrategy needs a GPU to run; its flat parameters would split rows, so refuse it upfront.
+    with pytest.raises(UserInputError, match="ModelParallelStrategy"):
+        RenormalizeUnitNormWeights().setup(SimpleNamespace(strategy=FSDPStrategy()), tiny_lm(), "fit")
 
 
 def test_resume_renormalizes_the_restored_weights(tmp_path):

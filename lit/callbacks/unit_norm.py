@@ -21,8 +21,10 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import FSDPStrategy
 
 from arch_plugins.constraints import renormalize_, unit_norm_parameters
+from lit.errors import UserInputError
 
 
 def has_unit_norm_weights(module: torch.nn.Module) -> bool:
@@ -37,6 +39,13 @@ class RenormalizeUnitNormWeights(L.Callback):
         self._module: torch.nn.Module | None = None
         # Optimizer steps renormalised in this fit (the test of "exactly once per step" reads it).
         self.steps_renormalized = 0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if isinstance(trainer.strategy, FSDPStrategy):
+            # FSDP1 flattens parameters into per-rank slices that cut rows apart: a norm along any axis
+            # would be computed on fragments. FSDP2 keeps whole rows per shard (DTensor Shard(0)).
+            raise UserInputError("unit-norm weights cannot be renormalised under FSDPStrategy (FSDP1 flat "
+                                 "parameters); use --trainer.strategy=ModelParallelStrategy (FSDP2) or ddp")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._remove_hooks()
