@@ -50,13 +50,18 @@ def renormalize_(model: nn.Module, eps: float = 0.0) -> int:
     for _, param, dim in unit_norm_parameters(model):
         w = param.float()
         norm = torch.linalg.vector_norm(w, dim=dim, keepdim=True)
-        normalized = (w / (norm + eps) if eps else w / norm).to(param.dtype)
+        if eps:
+            norm = norm + eps
+        count += 1
+        if w is param and not _is_dtensor(param):  # fp32 on one device: divide in place, no temporary
+            param.div_(norm)
+            continue
+        normalized = (w / norm).to(param.dtype)
         if _is_dtensor(normalized) and normalized.placements != param.placements:
-            # DTensor may pick another placement for the quotient (e.g. replicate a weight with fewer rows
-            # than ranks); copy_ needs the parameter's own layout, so each rank keeps exactly its shard.
+            # DTensor may place the quotient differently (a (1, n) weight normalised along its sharded dim 0
+            # comes back Shard(1)); copy_ needs the parameter's own layout, so each rank keeps its shard.
             normalized = normalized.redistribute(param.device_mesh, param.placements)
         param.copy_(normalized)
-        count += 1
     return count
 
 

@@ -122,6 +122,17 @@ def test_every_weight_role_is_constrained_along_d_model():
     torch.testing.assert_close(w[block + "mlp.up.weight"].norm(dim=1), torch.ones(w[block + "mlp.up.weight"].shape[0]))
 
 
+def test_renormalization_of_low_precision_weights_goes_through_fp32():
+    from arch_plugins.constraints import declare_unit_norm
+
+    layer = torch.nn.Linear(64, 8, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.mul_(5)
+    declare_unit_norm(layer, "weight", 0)
+    assert renormalize_(layer) == 1 and layer.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(layer.weight.float().norm(dim=0), torch.ones(64), atol=1e-2, rtol=0)
+
+
 @pytest.mark.parametrize("option", ["s_qk_scale=0", "s_z_scale=-1.0"])
 def test_bad_scale_options_are_one_line_errors(option):
     key, value = option.split("=")
