@@ -41,13 +41,33 @@ def unit_norm_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, 
 def renormalize_(model: nn.Module, eps: float = 0.0) -> int:
     """Project every declared weight back onto the unit sphere, in fp32; returns how many were touched.
 
-    Works on plain tensors and on DTensors: a norm along a sharded dim becomes a partial reduction
-    that the division redistributes (platform.md §5), so no full weight is gathered.
+    Works on plain tensors and on DTensors (FSDP2 shards parameters on dim 0) without gathering a full
+    weight: along an unsharded dim the norm is local; along the sharded dim ``vector_norm`` returns a
+    partial placement that the division resolves with one all-reduce of the sums of squares
+    (platform.md §5). Every rank must call this (it is collective for sharded weights).
     """
     count = 0
     for _, param, dim in unit_norm_parameters(model):
         w = param.float()
         norm = torch.linalg.vector_norm(w, dim=dim, keepdim=True)
-        param.copy_((w / (norm + eps) if eps else w / norm).to(param.dtype))
+        if eps:
+            norm = norm + eps
         count += 1
+        if w is param and not _is_dtensor(param):  # fp32 on one device: divide in place, no temporary
+            param.div_(norm)
+            continue
+        normalized = (w / norm).to(param.dtype)
+        if _is_dtensor(normalized) and normalized.placements != param.placements:
+            # DTensor may place the quotient differently (a (1, n) weight normalised along its sharded dim 0
+            # comes back Shard(1)); copy_ needs the parameter's own layout, so each rank keeps its shard.
+            normalized = normalized.redistribute(param.device_mesh, param.placements)
+        param.copy_(normalized)
     return count
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed support: there are no DTensors either
+        return False
+    return isinstance(t, DTensor)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
@@ -12,11 +11,11 @@ from torchmetrics.classification import MulticlassAccuracy
 from lit.init_from import Growth, load_initial_weights
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import VIT_ARCH, ViT, with_variant
-from lit.optim import adamw_warmup_cosine
+from lit.task import ArchitectureTask
 from lit.throughput import StepRate
 
 
-class ImageClassifier(L.LightningModule):
+class ImageClassifier(ArchitectureTask):
     """Image classification. Never looks inside the architecture: ``arch`` (and ``variant``) say it all.
 
     Args:
@@ -95,7 +94,3 @@ class ImageClassifier(L.LightningModule):
         self.log("test/loss", F.cross_entropy(logits.float(), labels), sync_dist=True)
         self.test_acc1(logits, labels)
         self.log("test/acc1", self.test_acc1)
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.min_lr_ratio)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
@@ -10,11 +9,11 @@ from torchmetrics.text import Perplexity
 from lit.init_from import Growth, load_initial_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
-from lit.optim import adamw_warmup_cosine
+from lit.task import ArchitectureTask
 from lit.throughput import StepRate
 
 
-class LanguageModel(L.LightningModule):
+class LanguageModel(ArchitectureTask):
     """Causal language model. Never looks inside the architecture: ``arch`` says it all.
 
     Args:
@@ -89,7 +88,3 @@ class LanguageModel(L.LightningModule):
         for text in texts:
             print(text, flush=True)
         return texts
-
-    def configure_optimizers(self):
-        hp = self.hparams
-        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.min_lr_ratio)
