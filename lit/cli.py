@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from functools import partial
 
 from jsonargparse import ArgumentParser
 from lightning.pytorch import LightningDataModule, LightningModule
@@ -51,21 +50,15 @@ def _condense(message: str) -> str:
 class ArchLabCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Facts of the data reach the model without being typed twice (they are not meant to be set).
-        # Each DataModule has only its task's facts, so they are read with getattr; a model that does not
-        # take one (a LanguageModel has no num_classes) ignores its link.
+        # A model that does not take a fact (a LanguageModel has no num_classes) ignores its link.
         for fact in DATA_FACTS:
-            parser.link_arguments("data", f"model.init_args.{fact}", apply_on="instantiate",
-                                  compute_fn=partial(_data_fact, fact))
+            parser.link_arguments(f"data.{fact}", f"model.init_args.{fact}", apply_on="instantiate")
         # Always checkpoint, with last.ckpt for resuming; configurable as --checkpoint.*.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True})
 
 
 DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans")
-
-
-def _data_fact(fact: str, data: LightningDataModule):
-    return getattr(data, fact, None)
 
 
 def trainer_defaults() -> dict:

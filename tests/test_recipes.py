@@ -23,7 +23,8 @@ def _needs_image_folder(recipe) -> bool:
 def test_there_are_recipes():
     names = {r.name for r in RECIPES}
     assert {"gpt_baseline.yaml", "vit_tokenformer.yaml", "vit_baseline.yaml", "gpt_tokenformer.yaml",
-            "gpt_tokenformer_grow.yaml", "vit_tokenformer_digits.yaml"} <= names
+            "gpt_tokenformer_grow.yaml", "vit_tokenformer_digits.yaml", "gpt_ngpt.yaml", "vit_ngpt.yaml",
+            "vit_ngpt_pattention.yaml", "vit_dyt.yaml", "vit_seednorm.yaml"} <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
