@@ -52,7 +52,7 @@ def train(tokens: int, steps: int, args, init_from: str | None = None, save: str
     trainer = L.Trainer(max_steps=steps, val_check_interval=args.val_every, check_val_every_n_epoch=None,
                         limit_val_batches=args.val_batches, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0,
-                        num_sanity_val_steps=0)
+                        num_sanity_val_steps=0, callbacks=[curve])
     trainer.validate(model, data, verbose=False)  # the loss at step 0 (for the grown model: equal to the small one's)
     at_start = float(trainer.callback_metrics["val/loss"])
     trainer.fit(model, data)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
               "scratch_reaches_target": first(direct)}
     (OUT / "growth.json").write_text(json.dumps(result, indent=1))
     print(f"params (non-embedding): small {small_params:,}, large {large_params:,}")
-    print(f"val loss at growth: small {small[-1][1]:.4f} -> grown {grown[0][1]:.4f} (same function)")
+    print(f"val loss at growth: small {small[-1][1]:.4f} -> grown {grown[0][1]:.4f} (preserved function)")
     print(f"target (large from scratch after {args.large_steps} steps): {target:.4f}")
     for name, hit in (("grow", result["staged_reaches_target"]), ("scratch", result["scratch_reaches_target"])):
         print(f"{name}: " + (f"reaches it at step {hit[0]}, compute {hit[1] / 1e9:.2f} G param-steps, {hit[2]:.0f} s"
