@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     ngpt_name = list(RECIPES)[1]
     if reach[ngpt_name]:
         summary["speedup_in_steps"] = reach[list(RECIPES)[0]] / reach[ngpt_name]
-    title = (f"tinyshakespeare char-level, d=128 L=4, batch 32x128, {args.max_steps} steps, "
-             f"val every {args.val_every} ({args.val_batches} batches)")
+    title = (f"tinyshakespeare char-level, d=128 L=4, batch 32x128, {args.max_steps} steps,\n"
+             f"validation every {args.val_every} steps ({args.val_batches} batches)")
     if plot(curves, target, out / "ngpt_convergence.png", title):
         summary["plot"] = str(out / "ngpt_convergence.png")
     (out / "ngpt_convergence.json").write_text(json.dumps(summary, indent=2))

@@ -19,6 +19,7 @@ median over rounds is reported. The renormalisation's own cost is timed separate
 
     pip install -e ".[bench]"
     python benchmarks/ngpt_throughput.py --rounds 7 --steps 15
+    python benchmarks/ngpt_throughput.py --cpu_time --rounds 3 --steps 3   # on a busy shared machine
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from arch_plugins.constraints import renormalize_  # noqa: E402
 from benchmarks.ngpt_pytorch_peer import import_ngpt_pytorch  # noqa: E402
-from benchmarks.throughput import Bench, count_params, timed  # noqa: E402
+from benchmarks.throughput import Bench, count_params  # noqa: E402
 from lit.models import GPT, TransformerConfig  # noqa: E402
 
 OURS_NGPT, OURS_GPT, LUC, LUC_MANUAL = "ours nGPT", "ours GPT", "nGPT-pytorch", "nGPT-pytorch manual"
@@ -82,12 +83,22 @@ def make_step(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, vocab:
     return step
 
 
+CLOCK = time.perf_counter  # --cpu_time switches to time.process_time
+
+
+def timed(step: Callable[[], None], n: int) -> float:
+    start = CLOCK()
+    for _ in range(n):
+        step()
+    return CLOCK() - start
+
+
 def median_ms(fn: Callable[[], object], n: int) -> float:
     times = []
     for _ in range(n):
-        start = time.perf_counter()
+        start = CLOCK()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(CLOCK() - start)
     return 1e3 * statistics.median(times)
 
 
@@ -104,6 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu_time", action="store_true",
+                   help="one thread, and this process's CPU time instead of wall time: robust to other processes "
+                        "on a shared machine (the figures are then per-core, not the machine's throughput)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = p.parse_args(argv)
     if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
@@ -112,7 +126,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    global CLOCK
     args = parse_args(argv)
+    if args.cpu_time:
+        torch.set_num_threads(1)
+        CLOCK = time.process_time
     g = torch.Generator().manual_seed(args.seed)
     idx = torch.randint(args.vocab, (args.batch, args.seq), generator=g)
     targets = torch.randint(args.vocab, (args.batch, args.seq), generator=g)
@@ -141,7 +159,8 @@ def main(argv: list[str] | None = None) -> dict:
         b.model.train()
 
     print(f"torch {torch.__version__}, ngpt-pytorch {metadata.version('ngpt-pytorch')}, "
-          f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, fp32 CPU")
+          f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, fp32 CPU, "
+          f"{'CPU time' if args.cpu_time else 'wall time'}")
     print(f"d_model={args.d_model} layers={args.layers} heads={args.heads} mlp_hidden={hidden} (swiglu) "
           f"seq={args.seq} batch={args.batch} vocab={args.vocab}")
     for b in benches:
@@ -180,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = {
         "config": {k: v for k, v in vars(args).items() if k != "json"} | {"mlp_hidden": hidden},
         "env": {"torch": torch.__version__, "ngpt_pytorch": metadata.version("ngpt-pytorch"),
-                "threads": torch.get_num_threads(), "device": "cpu", "dtype": "float32"},
+                "threads": torch.get_num_threads(), "device": "cpu", "dtype": "float32",
+                "clock": "process_time (CPU time)" if args.cpu_time else "perf_counter (wall)"},
         "models": {b.name: {"params": b.params, "tokens_per_s": b.tokens_per_s, "median_tokens_per_s": b.median}
                    for b in benches},
         "ratios": ratios,
