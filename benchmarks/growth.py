@@ -6,7 +6,7 @@ model FLOPs are ~6 x params x tokens, and every step sees the same tokens), plus
 target is the val loss the large model reaches at the end of its scratch run. Growth uses the
 function-preserving default (zero new keys, scale kept at sqrt(n_old)) and a fresh optimizer.
 
-    python benchmarks/growth.py                     # writes benchmarks/out/growth.{json,png}
+    python benchmarks/growth.py                     # writes benchmarks/results/growth.{json,png}
     python benchmarks/growth.py --small-steps 100 --grown-steps 100 --large-steps 200   # quicker
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from lit.data.text import TextDataModule
 from lit.language_model import LanguageModel
 from lit.models.transformer import TransformerConfig
 
-OUT = Path(__file__).parent / "out"
+OUT = Path(__file__).parent / "results"
 
 
 class ValCurve(L.Callback):
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     OUT.mkdir(exist_ok=True)
     n = args.small_tokens
-    ckpt = str(OUT / "growth_small.ckpt")
+    ckpt = str(Path(tempfile.mkdtemp()) / "growth_small.ckpt")
     small, small_params = train(n, args.small_steps, args, save=ckpt)
     grown, large_params = train(2 * n, args.grown_steps, args, init_from=ckpt)
     scratch, _ = train(2 * n, args.large_steps, args)

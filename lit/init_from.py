@@ -35,7 +35,9 @@ class Growth:
 
 
 # Our own config types that checkpoints hold in their hyperparameters; nothing else is unpickled.
+# Registered once for every weights-only load, so that Lightning's resume (`fit --ckpt_path`) reads them too.
 CHECKPOINT_TYPES = [TransformerConfig, Growth]
+torch.serialization.add_safe_globals(CHECKPOINT_TYPES)
 
 
 def load_initial_weights(module: nn.Module, path: str | Path, growth: Growth) -> None:
