@@ -54,13 +54,12 @@ def train(tokens: int, steps: int, args, init_from: str | None = None, save: str
                         limit_val_batches=args.val_batches, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0,
                         num_sanity_val_steps=0, callbacks=[curve])
-    trainer.validate(model, data, verbose=False)  # the loss at step 0 (for the grown model: equal to the small one's)
-    at_start = float(trainer.callback_metrics["val/loss"])
+    trainer.validate(model, data, verbose=False)  # the curve's step 0 (grown model: equal to the small one's end)
     trainer.fit(model, data)
     if save:
         trainer.save_checkpoint(save)
     params = sum(p.numel() for n, p in model.model.named_parameters() if n.startswith("stack."))
-    return [(0, at_start, 0.0), *curve.points], params
+    return curve.points, params
 
 
 def main(argv: list[str] | None = None) -> dict:
