@@ -6,8 +6,8 @@ model FLOPs are ~6 x params x tokens, and every step sees the same tokens), plus
 target is the val loss the large model reaches at the end of its scratch run. Growth uses the
 function-preserving default (zero new keys, scale kept at sqrt(n_old)) and a fresh optimizer.
 
-    python benchmarks/growth.py                     # writes benchmarks/results/growth.{json,png}
-    python benchmarks/growth.py --small-steps 100 --grown-steps 100 --large-steps 200   # quicker
+    python -m benchmarks.growth                     # writes benchmarks/results/growth.{json,png}
+    python -m benchmarks.growth --small-steps 100 --grown-steps 100 --large-steps 200   # quicker
 """
 
 from __future__ import annotations

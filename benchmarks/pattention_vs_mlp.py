@@ -5,7 +5,7 @@ dense MLP with hidden width h costs 2·d·h: equal FLOPs at n = h. Both models a
 (pre-LayerNorm, dense attention), only the FFN differs; no biases. Measured: a training step
 (forward, cross-entropy, backward, AdamW), fp32 on the CPU, interleaved rounds.
 
-    python benchmarks/pattention_vs_mlp.py          # d=256, 6 layers, hidden = tokens = 1024, seq 256, batch 8
+    python -m benchmarks.pattention_vs_mlp          # d=256, 6 layers, hidden = tokens = 1024, seq 256, batch 8
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Both are the standard ViT (cls token, learned positions, pre-LayerNorm eps 1e-6,
 GELU MLP 4x), and tests/test_vit.py proves they compute the same function. Measured: images per
 second of a training step (forward, cross-entropy, backward, AdamW), fp32 on the CPU.
 
-    python benchmarks/vit_throughput.py                  # embed 192, depth 6, patch 4, 32 px, batch 64
-    python benchmarks/vit_throughput.py --rounds 5 --steps 10
+    python -m benchmarks.vit_throughput                  # embed 192, depth 6, patch 4, 32 px, batch 64
+    python -m benchmarks.vit_throughput --rounds 5 --steps 10
 """
 
 from __future__ import annotations
