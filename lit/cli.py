@@ -10,6 +10,7 @@ import sys
 import warnings
 
 from jsonargparse import ArgumentParser
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -20,6 +21,7 @@ import lit.image_classifier  # noqa: F401
 import lit.language_model  # noqa: F401
 from arch_plugins import registry
 from arch_plugins.registry import PluginError
+from lit.checkpoints import check_fits, checkpoint_shapes
 from lit.errors import UserInputError
 from lit.tracking import LogConfigToMLflow
 
@@ -57,8 +59,42 @@ class ArchLabCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True})
 
+    def _parse_ckpt_path(self) -> None:
+        # Lightning reads a --ckpt_path's hyperparameters before anything is built: a file that cannot be read
+        # (truncated, foreign objects) must end in one line here rather than in a traceback.
+        path = self._checkpoint_file()
+        if path is not None:
+            checkpoint_shapes(path)
+        super()._parse_ckpt_path()
+
+    # Weights of another architecture are a one-line error before any setup, not a load_state_dict wall.
+    def before_fit(self) -> None:
+        self._check_checkpoint()
+
+    def before_validate(self) -> None:
+        self._check_checkpoint()
+
+    def before_test(self) -> None:
+        self._check_checkpoint()
+
+    def before_predict(self) -> None:
+        self._check_checkpoint()
+
+    def _check_checkpoint(self) -> None:
+        path = self._checkpoint_file()
+        if path is not None:
+            check_fits(path, self.model)
+
+    def _checkpoint_file(self) -> str | None:
+        """The --ckpt_path of this subcommand, unless it is a name Lightning resolves itself."""
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        return None if path in LIGHTNING_CHECKPOINT_NAMES else path
+
 
 DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans")
+# --ckpt_path values that Lightning resolves itself (there is no file to check yet), or none at all.
+LIGHTNING_CHECKPOINT_NAMES = (None, "last", "best", "hpc")
 
 
 def trainer_defaults() -> dict:
@@ -95,7 +131,8 @@ def main(args: list[str] | None = None) -> LightningCLI | None:
         cause = _user_error(exc)
         if cause is None:
             raise
-        sys.stderr.write(f"error: {cause}\n")
+        if rank_zero_only.rank == 0:  # every process of a multi-process run hits the same error
+            sys.stderr.write(f"error: {cause}\n")
         sys.exit(2)
 
 

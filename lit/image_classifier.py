@@ -11,7 +11,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from lit.init_from import Growth, load_initial_weights
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import VIT_ARCH, ViT, with_variant
-from lit.task import ArchitectureTask
+from lit.task import EXECUTION_OPTIONS, ArchitectureTask
 from lit.throughput import StepRate
 
 
@@ -36,6 +36,9 @@ class ImageClassifier(ArchitectureTask):
         init_from: a checkpoint whose weights start this run (optimizer and step start fresh); a TokenFormer
             checkpoint with fewer parameter tokens grows into this model.
         growth: how parameter tokens are added when growing.
+        compile: ``torch.compile`` each transformer block (recipes/trainer/compile.yaml).
+        activation_checkpointing: recompute each block's activations in backward
+            (recipes/trainer/activation_checkpointing.yaml).
     """
 
     def __init__(self, num_classes: int = 1000, image_size: int = 224, in_chans: int = 3,
@@ -43,9 +46,10 @@ class ImageClassifier(ArchitectureTask):
                  patch_size: int = 16, pooling: Literal["cls", "mean"] = "cls",
                  pos_embed: Literal["learned", "sincos", "none"] = "learned", lr: float = 1e-3,
                  weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 100,
-                 min_lr_ratio: float = 0.01, init_from: str | None = None, growth: Growth = Growth()):
-        super().__init__()
-        self.save_hyperparameters(logger=False)
+                 min_lr_ratio: float = 0.01, init_from: str | None = None, growth: Growth = Growth(),
+                 compile: bool = False, activation_checkpointing: bool = False):
+        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing)
+        self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
         self.model = ViT(num_classes, image_size, patch_size, in_chans, with_variant(arch, variant), pooling, pos_embed)
         if init_from is not None:
             load_initial_weights(self, init_from, growth)

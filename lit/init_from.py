@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -40,18 +40,24 @@ CHECKPOINT_TYPES = [TransformerConfig, Growth]
 torch.serialization.add_safe_globals(CHECKPOINT_TYPES)
 
 
+def load_weights_only(path: Path, what: str = "checkpoint") -> Any:
+    """``torch.load`` restricted to weights and ``CHECKPOINT_TYPES``, with the reason of a failure in one line."""
+    try:
+        with torch.serialization.safe_globals(CHECKPOINT_TYPES):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # truncated or not a torch file, or pickled objects beyond plain weights
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        reason = next((line for line in lines if "Unsupported global" in line), lines[0] if lines else repr(exc))
+        raise UserInputError(f"cannot read {what} {path}: {reason} (only plain weights are loaded from files; "
+                             f"is it a complete Lightning checkpoint?)") from exc
+
+
 def load_initial_weights(module: nn.Module, path: str | Path, growth: Growth) -> None:
     """Load the ``state_dict`` of a Lightning checkpoint into ``module`` (a LightningModule), growing where needed."""
     path = Path(path)
     if not path.is_file():
         raise UserInputError(f"init_from checkpoint not found: {path} (give the path of a .ckpt file)")
-    try:
-        with torch.serialization.safe_globals(CHECKPOINT_TYPES):
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated file, not a torch file, or pickled objects beyond plain weights
-        reason = str(exc).strip().splitlines()
-        reason = next((line.strip() for line in reason if "Unsupported global" in line), reason[0] if reason else "")
-        raise UserInputError(f"cannot read init_from checkpoint {path}: {reason}") from exc
+    checkpoint = load_weights_only(path, "init_from checkpoint")
     state_dict = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if state_dict is None:
         raise UserInputError(f"{path} is not a Lightning checkpoint (it has no state_dict)")

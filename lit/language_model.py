@@ -9,7 +9,7 @@ from torchmetrics.text import Perplexity
 from lit.init_from import Growth, load_initial_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
-from lit.task import ArchitectureTask
+from lit.task import EXECUTION_OPTIONS, ArchitectureTask
 from lit.throughput import StepRate
 
 
@@ -32,16 +32,20 @@ class LanguageModel(ArchitectureTask):
         init_from: a checkpoint whose weights start this run (optimizer and step start fresh); a TokenFormer
             checkpoint with fewer parameter tokens grows into this model.
         growth: how parameter tokens are added when growing.
+        compile: ``torch.compile`` each transformer block (recipes/trainer/compile.yaml).
+        activation_checkpointing: recompute each block's activations in backward
+            (recipes/trainer/activation_checkpointing.yaml).
     """
 
     def __init__(self, vocab_size: int = 65, block_size: int = 256, arch: TransformerConfig = TransformerConfig(),
                  tie_embeddings: bool = False, lr: float = 1e-3, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = None,
-                 init_from: str | None = None, growth: Growth = Growth()):
-        super().__init__()
+                 init_from: str | None = None, growth: Growth = Growth(),
+                 compile: bool = False, activation_checkpointing: bool = False):
+        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing)
         # The resolved config is logged by the CLI; the logger need not log hparams a second time.
-        self.save_hyperparameters(logger=False)
+        self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
         self.model = GPT(vocab_size, block_size, arch, tie_embeddings)
         if init_from is not None:
             load_initial_weights(self, init_from, growth)

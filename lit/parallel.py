@@ -1,36 +1,125 @@
-"""Parallelism applied from outside the model, in one place (torchtitan's rule): FSDP2 per transformer block.
+"""How the transformer blocks run at scale, applied from outside the model in one place (torchtitan's rule).
 
-Model code stays single-device. ``ArchitectureTask.configure_model`` (lit/task.py) calls ``shard`` when the strategy
-(Lightning's ``ModelParallelStrategy``) provides a device mesh. Each ``Block`` becomes one FSDP unit
-(its parameters are all-gathered for its forward and backward, then freed); the root unit holds the
-rest (embeddings, head, model-level sites). Parameters become DTensors sharded on dim 0; weight
-constraints declared on modules survive (they are plain attributes, and ``getattr`` returns the sharded
-parameter), so the unit-norm renormalisation works on the shards.
+Model code stays single-device. ``ArchitectureTask.configure_model`` (lit/task.py) applies, per
+``Block`` and in torchtitan's order:
+
+1. activation checkpointing (``checkpoint_blocks``): a block's activations are recomputed in backward;
+2. ``torch.compile`` (``compile_blocks``): each block is compiled on its own;
+3. FSDP2 (``shard``), when the strategy provides a device mesh: each block becomes one ``fully_shard``
+   unit (its parameters are all-gathered for its forward and backward, then freed); the root unit
+   holds the rest (embeddings, head, model-level sites). Parameters become DTensors sharded on dim 0;
+   weight constraints declared on modules survive (they are plain attributes), so the unit-norm
+   renormalisation works on the shards.
+
+None of them renames a parameter, so checkpoints move freely between runs with and without them.
+``FSDP2Strategy`` is Lightning's ``ModelParallelStrategy`` set up for what ``shard`` does: every
+process in one data-parallel group.
 """
 
 from __future__ import annotations
 
-from torch import nn
+from datetime import timedelta
 
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from arch_plugins.interfaces import ResidualHistory
 from lit.errors import UserInputError
 from lit.models.transformer import Block
 
 DATA_PARALLEL, TENSOR_PARALLEL = "data_parallel", "tensor_parallel"
 
 
-def shard(model: nn.Module, device_mesh) -> nn.Module:
-    """Apply FSDP2 ``fully_shard`` to every transformer block, then to ``model``; idempotent."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+def blocks(model: nn.Module) -> list[Block]:
+    return [m for m in model.modules() if isinstance(m, Block)]
+
+
+def checkpoint_blocks(model: nn.Module) -> None:
+    """Recompute each block's activations in backward instead of keeping them; idempotent."""
+    for block in blocks(model):
+        if "forward" not in vars(block):  # the instance attribute marks a block already wrapped
+            block.forward = _recomputed(block.forward)
+
+
+def _recomputed(forward):
+    def run(h: torch.Tensor, history: ResidualHistory, rope) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return forward(h, history, rope)
+        # A block appends to the shared history and residuals may read it (LAUREL-PA looks back). Recomputing
+        # on the live history would read entries of later blocks, so the block runs (and reruns) on a copy of
+        # the history as it was when the block started, and its new entries are handed back.
+        before = (list(history.states), list(history.branches), list(history.block_inputs))
+
+        def block_on_copy(h: torch.Tensor):
+            local = ResidualHistory(*(list(entries) for entries in before))
+            out = forward(h, local, rope)
+            return out, *(entries[len(old):] for entries, old in
+                           zip((local.states, local.branches, local.block_inputs), before, strict=True))
+
+        out, states, branches, block_inputs = checkpoint(block_on_copy, h, use_reentrant=False)
+        history.states += states
+        history.branches += branches
+        history.block_inputs += block_inputs
+        return out
+
+    return run
+
+
+def compile_blocks(model: nn.Module) -> None:
+    """``torch.compile`` each block in place (parameter names unchanged); idempotent."""
+    model_blocks = blocks(model)
+    # Blocks share one forward, but each sees a residual history of a different length, so dynamo keeps
+    # one graph per depth: allow one per block (the default limit of 8 would drop deep models to eager).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(model_blocks) + 8)
+    for block in model_blocks:
+        if getattr(block, "_compiled_call_impl", None) is None:
+            block.compile()
+
+
+def shard(model: nn.Module, device_mesh, precision: str | None = None) -> nn.Module:
+    """Apply FSDP2 ``fully_shard`` to every transformer block, then to ``model``; idempotent.
+
+    With ``bf16-mixed`` the blocks compute and all-gather in bf16 while the sharded fp32 parameters stay
+    the master weights (what the optimizer and weight constraints act on) and gradients reduce in fp32.
+    """
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     if isinstance(model, FSDPModule):  # configure_model may run again (e.g. a second fit)
         return model
     names = device_mesh.mesh_dim_names or ()
     if TENSOR_PARALLEL in names and device_mesh[TENSOR_PARALLEL].size() > 1:
         raise UserInputError("tensor parallelism is not implemented; use ModelParallelStrategy with "
-                             "tensor_parallel_size=1 (FSDP2 data parallelism)")
+                             "tensor_parallel_size=1 (FSDP2 data parallelism) or lit.parallel.FSDP2Strategy")
     mesh = device_mesh[DATA_PARALLEL] if DATA_PARALLEL in names else device_mesh
-    blocks = [m for m in model.modules() if isinstance(m, Block)]
-    for block in blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if precision == "bf16-mixed" else MixedPrecisionPolicy())
+    for block in blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 data parallelism over every process of every node (``ModelParallelStrategy`` with no tensor parallelism).
+
+    ``ModelParallelStrategy``'s "auto" sizes give tensor parallelism within a node, which ``shard`` does not do.
+
+    Args:
+        save_distributed_checkpoint: each rank writes its shard (a checkpoint directory, fast, reshardable to
+            another number of processes); False gathers full weights into one file on rank 0.
+        process_group_backend: ``nccl`` on GPUs, ``gloo`` on CPUs by default.
+        timeout: collective timeout.
+    """
+
+    def __init__(self, save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
+                 timeout: timedelta | None = default_pg_timeout):
+        super().__init__(data_parallel_size="auto", tensor_parallel_size=1,
+                         save_distributed_checkpoint=save_distributed_checkpoint,
+                         process_group_backend=process_group_backend, timeout=timeout)
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()

@@ -1,29 +1,55 @@
-"""What every task's LightningModule shares: the optimizer, the constraints and the parallel layout.
+"""What every task's LightningModule shares: the optimizer, the constraints, how blocks run, the checkpoint extras.
 
 Subclasses (LanguageModel, ImageClassifier) build ``self.model`` and save ``lr``, ``weight_decay``,
 ``betas``, ``warmup_steps`` and ``min_lr_ratio`` as hyperparameters; they own loss and metrics only.
+How the blocks execute (``compile``, ``activation_checkpointing``) is passed to this base and is not a
+hyperparameter: a resumed run takes it from its own command line (LightningCLI restores a checkpoint's
+hyperparameters over the command line's), so a run can resume under another overlay.
 """
 
 from __future__ import annotations
 
 import lightning as L
 
-from lit.callbacks import RenormalizeUnitNormWeights, has_unit_norm_weights
+from lit.callbacks import RenormalizeUnitNormWeights, StopOnNonFiniteLoss, has_unit_norm_weights
+from lit.checkpoints import restore_rng_states, rng_states
 from lit.optim import adamw_warmup_cosine
-from lit.parallel import shard
+from lit.parallel import checkpoint_blocks, compile_blocks, shard
+
+EXECUTION_OPTIONS = ("compile", "activation_checkpointing")
 
 
 class ArchitectureTask(L.LightningModule):
+    def __init__(self, compile: bool = False, activation_checkpointing: bool = False):
+        super().__init__()
+        self.compile_each_block, self.recompute_activations = compile, activation_checkpointing
+
     def configure_model(self) -> None:
-        # Strategies with a device mesh (ModelParallelStrategy) shard here; every other strategy has none.
+        # torchtitan's order: activation checkpointing, then compile, then FSDP2 (strategies with a device mesh).
+        if self.recompute_activations:
+            checkpoint_blocks(self.model)
+        if self.compile_each_block:
+            compile_blocks(self.model)
         if self.device_mesh is not None:
-            shard(self.model, self.device_mesh)
+            shard(self.model, self.device_mesh, self.trainer.precision if self._trainer else None)
 
     def configure_callbacks(self) -> list[L.Callback]:
         # Whatever the architecture, weights that declared a unit-norm constraint are kept on the sphere;
         # attached here so that selecting such a plugin on the command line cannot forget the callback.
-        return [RenormalizeUnitNormWeights()] if has_unit_norm_weights(self.model) else []
+        # A diverged run stops before it overwrites the last good checkpoint.
+        callbacks: list[L.Callback] = [StopOnNonFiniteLoss()]
+        if has_unit_norm_weights(self.model):
+            callbacks.append(RenormalizeUnitNormWeights())
+        return callbacks
 
     def configure_optimizers(self):
         hp = self.hparams
         return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.min_lr_ratio)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Lightning does not keep random states; dropout, drop-path and batch mixing resume exactly with them.
+        checkpoint["rng_states"] = rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "rng_states" in checkpoint:
+            restore_rng_states(checkpoint["rng_states"])

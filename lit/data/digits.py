@@ -11,6 +11,7 @@ from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit.data.images import ImageDataModule
+from lit.data.resumable import train_loader
 
 
 class DigitsDataModule(ImageDataModule):
@@ -42,7 +43,7 @@ class DigitsDataModule(ImageDataModule):
 
     def train_dataloader(self) -> DataLoader:
         # drop_last: batch mixing pairs images within a batch and needs an even batch size.
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)
+        return train_loader(self, self.train_set, self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=256)

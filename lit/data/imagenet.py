@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import ImageFolder
 
 from lit.data.images import ImageDataModule
+from lit.data.resumable import train_loader
 from lit.errors import UserInputError
 
 QUICKSTART = "recipes/vit_tokenformer_digits.yaml"
@@ -83,18 +84,17 @@ class ImageFolderDataModule(ImageDataModule):
         self.train_set = ImageFolder(str(self.root / "train"), transform=train_tf)
         self.val_set = ImageFolder(str(self.root / "val"), transform=eval_tf)
 
-    def _loader(self, dataset, train: bool) -> DataLoader:
-        # Full batches in training (batch mixing pairs images), unless the whole set is one small batch.
-        drop_last = train and len(dataset) >= self.batch_size
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=drop_last,
-                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
-                          persistent_workers=self.num_workers > 0)
+    def _loader_options(self) -> dict:
+        return dict(num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                    persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
+        # Full batches in training (batch mixing pairs images), unless the whole set is one small batch.
+        drop_last = len(self.train_set) >= self.batch_size
+        return train_loader(self, self.train_set, self.batch_size, drop_last=drop_last, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, train=False)
+        return DataLoader(self.val_set, batch_size=self.batch_size, **self._loader_options())
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lit.data.resumable import train_loader
 from lit.data.shards import TokenWindows, find_shards, read_meta
 from lit.errors import UserInputError
 
@@ -123,18 +124,19 @@ class TextDataModule(L.LightningDataModule):
             raise UserInputError(f"the corpus is too short for block_size={self.block_size} "
                                  f"({len(tokens)} tokens); lower --data.block_size")
 
-    def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle, drop_last=shuffle,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+    def _eval_loader(self, dataset: Dataset) -> DataLoader:
+        return DataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, shuffle=True)
+        return train_loader(self, self.train_set, self.batch_size, num_workers=self.num_workers,
+                            persistent_workers=self.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, shuffle=False)
+        return self._eval_loader(self.val_set)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, shuffle=False)
+        return self._eval_loader(self.val_set)
 
     def predict_dataloader(self) -> DataLoader:
         if self.tokenizer is None:

@@ -1,0 +1,108 @@
+"""The training order: the same on any number of processes, and continued exactly after a resume.
+
+Every epoch has one global order of samples, a seeded permutation. It is cut into global batches of
+``batch_size x world_size`` samples, and rank r takes the r-th contiguous slice of each one. So the
+global batch, and with it the averaged gradient, does not depend on how many processes share it: 2
+ranks at batch 4 train on exactly what 1 process at batch 8 trains on, in the same order.
+
+A run resumed from a checkpoint taken in the middle of an epoch continues the epoch where it
+stopped: ``train_loader`` asks the trainer how many batches of the current epoch were already
+trained (Lightning restores its loop progress before it builds the training DataLoader) and the
+sampler skips them. Lightning's own alternative, a stateful DataLoader, is asked for its state while
+one batch is already prefetched, so it would skip one batch too many.
+
+The sampler is a ``DistributedSampler``, so Lightning leaves it alone under DDP and FSDP2 instead of
+wrapping it in its own (which would split every rank's share again).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class ResumableSampler(DistributedSampler):
+    """This rank's share of a seeded, world-size-independent training order that can start mid-epoch.
+
+    Args:
+        dataset: the training set (only its length is used).
+        batch_size: samples per batch on each rank.
+        num_replicas: number of processes (the trainer's world size).
+        rank: this process's global rank.
+        shuffle: a new permutation every epoch (``set_epoch``); otherwise the dataset order.
+        seed: base of the per-epoch permutation; the same on every rank.
+        drop_last: drop the last incomplete global batch; otherwise it is padded (with samples from the
+            start of the order) to a multiple of the world size, so every rank steps the same number of times.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int = 1, rank: int = 0,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = True):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+                         drop_last=drop_last)
+        self.batch_size = batch_size
+        self._skip_batches = 0
+        global_batch = batch_size * num_replicas
+        n = len(dataset)
+        self.total_size = n // global_batch * global_batch if drop_last else n + (-n) % num_replicas
+        self.num_samples = self.total_size // num_replicas
+
+    def resume_at(self, batches: int) -> None:
+        """Start the next iteration after ``batches`` batches of this epoch (once; later epochs are whole)."""
+        self._skip_batches = batches
+
+    def global_order(self) -> list[int]:
+        n = len(self.dataset)
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(n, generator=generator).tolist()
+        else:
+            order = list(range(n))
+        while len(order) < self.total_size:  # padding (drop_last=False); a tiny set may need several rounds
+            order += order[: self.total_size - len(order)]
+        return order[: self.total_size]
+
+    def __iter__(self) -> Iterator[int]:
+        order, global_batch = self.global_order(), self.batch_size * self.num_replicas
+        mine: list[int] = []
+        for start in range(0, len(order), global_batch):
+            chunk = order[start: start + global_batch]
+            share = len(chunk) // self.num_replicas
+            mine += chunk[self.rank * share: (self.rank + 1) * share]
+        skip, self._skip_batches = self._skip_batches * self.batch_size, 0
+        return iter(mine[skip:])
+
+    def __len__(self) -> int:
+        return self.num_samples  # the whole epoch, also when resuming: Lightning counts batches per epoch
+
+
+def training_seed() -> int:
+    """The run's seed (``seed_everything`` exports it to every process), so the data order follows it too."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+def batches_done_this_epoch(trainer) -> int:
+    """Batches of the current epoch already trained: non-zero only while resuming a mid-epoch checkpoint."""
+    if trainer is None or not trainer.fit_loop.restarting:
+        return 0
+    return trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+
+def train_loader(datamodule, dataset: Dataset, batch_size: int, drop_last: bool = True, **loader_kwargs) -> DataLoader:
+    """The training DataLoader of a DataModule: this rank's share of the order, resumed mid-epoch if needed."""
+    trainer = getattr(datamodule, "trainer", None)
+    world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+    sampler = ResumableSampler(dataset, batch_size, world, rank, seed=training_seed(), drop_last=drop_last)
+    # Lightning warns that a mid-epoch resume loses the data position unless the DataLoader is stateful;
+    # this one resumes through its sampler, so the warning would be wrong.
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+    done = batches_done_this_epoch(trainer)
+    if 0 < done < -(-len(sampler) // batch_size):  # a checkpoint at the very end of an epoch resumes at the next
+        sampler.resume_at(done)
+    # Its own generator: a DataLoader draws its workers' base seed from the global RNG at every new
+    # iterator, which would shift dropout's random stream differently in a resumed run.
+    generator = torch.Generator().manual_seed(training_seed())
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=generator, **loader_kwargs)

@@ -1,0 +1,176 @@
+"""Never lose a run: exact resume after a real SIGKILL, a clear stop on a non-finite loss, safe checkpoint loading."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit.cli import main
+from lit.data.resumable import ResumableSampler
+from tests.conftest import REPO, TINY_LM
+
+BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
+STEPS = 12
+
+
+# --- the training order -------------------------------------------------------------------------------------------
+
+def shares(n: int, batch: int, world: int, epoch: int = 0, drop_last: bool = True) -> list[list[int]]:
+    samplers = [ResumableSampler(range(n), batch, world, rank, seed=3, drop_last=drop_last) for rank in range(world)]
+    for s in samplers:
+        s.set_epoch(epoch)
+    return [list(s) for s in samplers]
+
+
+def global_batches(per_rank: list[list[int]], batch: int) -> list[list[int]]:
+    """What the ranks train on together, batch by batch."""
+    steps = len(per_rank[0]) // batch + (len(per_rank[0]) % batch > 0)
+    return [sum((r[i * batch:(i + 1) * batch] for r in per_rank), []) for i in range(steps)]
+
+
+def test_the_global_batches_do_not_depend_on_the_number_of_processes():
+    one = global_batches(shares(50, 8, 1), 8)
+    assert global_batches(shares(50, 4, 2), 4) == one
+    assert global_batches(shares(50, 2, 4), 2) == one
+    assert len(one) == 6 and len({i for b in one for i in b}) == 48  # drop_last: 6 full global batches, no repeat
+    assert global_batches(shares(50, 8, 1, epoch=1), 8) != one  # a new permutation every epoch
+
+
+def test_without_drop_last_every_rank_steps_equally():
+    per_rank = shares(11, 4, 2, drop_last=False)
+    assert len(per_rank[0]) == len(per_rank[1]) == len(ResumableSampler(range(11), 4, 2, 0, drop_last=False)) == 6
+    assert set(per_rank[0]) | set(per_rank[1]) == set(range(11))
+
+
+def test_resume_at_skips_the_batches_already_trained_once():
+    sampler = ResumableSampler(range(40), 4, 2, 1, seed=3)
+    full = list(sampler)
+    sampler.resume_at(3)
+    assert list(sampler) == full[12:]
+    assert list(sampler) == full  # the next epoch is whole again
+    assert len(sampler) == 20
+
+
+# --- kill and resume ---------------------------------------------------------------------------------------------
+
+def small_corpus(folder: Path) -> Path:
+    """~5 training batches per epoch at block 32 / batch 4, so the runs cross epoch boundaries."""
+    text = (REPO / "lit" / "data" / "tinyshakespeare.txt").read_text()[:800]
+    path = folder / "corpus.txt"
+    path.write_text(text)
+    return path
+
+
+def fit_command(corpus: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(REPO / "cli.py"), "fit", "--config", BASELINE, *TINY_LM,
+            f"--data.text_file={corpus}", "--model.arch.dropout=0.1",  # dropout: random states must resume too
+            f"--trainer.max_steps={STEPS}", "--trainer.val_check_interval=null", "--trainer.limit_val_batches=0",
+            "--checkpoint.every_n_train_steps=1", *extra]
+
+
+def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+
+
+def newest_last_checkpoint(folder: Path) -> Path:
+    return max(folder.glob("runs/*/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+
+
+def final_state(folder: Path) -> dict:
+    return torch.load(newest_last_checkpoint(folder), map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    proc = run(fit_command(small_corpus(folder)), folder)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return final_state(folder)
+
+
+# Step 5 ends the first epoch (5 batches); step 7 is in the middle of the second.
+@pytest.mark.parametrize("kill_at", [5, 7])
+def test_a_run_killed_by_sigkill_resumes_to_the_same_weights(kill_at, uninterrupted, tmp_path):
+    corpus = small_corpus(tmp_path)
+    killer = f"--trainer.callbacks=[{{class_path: tests.fault_injection.SigkillAtStep, init_args: {{step: {kill_at}}}}}]"
+    killed = run(fit_command(corpus, killer), tmp_path)
+    assert killed.returncode == -9, killed.stderr[-3000:]  # really killed, no cleanup ran
+    last = newest_last_checkpoint(tmp_path)
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == kill_at
+
+    resumed = run(fit_command(corpus, f"--ckpt_path={last}"), tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = final_state(tmp_path)
+    assert final["global_step"] == uninterrupted["global_step"] == STEPS
+    for name, expected in uninterrupted["state_dict"].items():
+        assert torch.equal(final["state_dict"][name], expected), name
+    expected_moments = uninterrupted["optimizer_states"][0]["state"]
+    for i, state in final["optimizer_states"][0]["state"].items():
+        assert torch.equal(state["exp_avg_sq"], expected_moments[i]["exp_avg_sq"])
+
+
+# --- non-finite loss ---------------------------------------------------------------------------------------------
+
+def test_a_nan_loss_stops_the_run_with_one_line_and_keeps_the_last_good_checkpoint(workdir, capsys):
+    poison = "--trainer.callbacks=[{class_path: tests.fault_injection.PoisonWeightsAtStep, init_args: {step: 3}}]"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", BASELINE, *TINY_LM, "--trainer.max_steps=10", "--trainer.val_check_interval=null",
+              "--trainer.limit_val_batches=0", "--checkpoint.every_n_train_steps=1", poison])
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "training loss is nan at step 3" in errors[0], errors
+    last = newest_last_checkpoint(workdir)
+    assert str(last.relative_to(workdir)) in errors[0]
+    kept = torch.load(last, map_location="cpu", weights_only=True)
+    assert kept["global_step"] == 3
+    assert all(torch.isfinite(t).all() for t in kept["state_dict"].values())
+
+
+# --- checkpoints from elsewhere ----------------------------------------------------------------------------------
+
+class Payload:
+    """Stands for arbitrary code pickled into a file."""
+
+
+def one_error_line(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.fixture
+def tiny_checkpoint(workdir) -> Path:
+    main(["fit", "--config", BASELINE, *TINY_LM, "--trainer.max_steps=1", "--trainer.limit_val_batches=0"])
+    return newest_last_checkpoint(workdir)
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "validate"])
+def test_bad_checkpoints_give_one_line(subcommand, tiny_checkpoint, workdir, capsys):
+    args = [subcommand, "--config", BASELINE, *TINY_LM, "--trainer.max_steps=2", "--trainer.limit_val_batches=1"]
+    corrupt = workdir / "corrupt.ckpt"
+    corrupt.write_bytes(tiny_checkpoint.read_bytes()[:5000])  # a truncated copy
+    assert "cannot read checkpoint" in one_error_line([*args, f"--ckpt_path={corrupt}"], capsys)
+
+    foreign = workdir / "foreign.ckpt"
+    torch.save({"state_dict": {}, "payload": Payload()}, foreign)
+    assert "Unsupported global" in one_error_line([*args, f"--ckpt_path={foreign}"], capsys)
+
+    # LightningCLI rebuilds the model from a checkpoint's hyperparameters; weights saved by other code have none.
+    checkpoint = torch.load(tiny_checkpoint, weights_only=True)
+    del checkpoint["hyper_parameters"]
+    checkpoint["state_dict"]["model.renamed.weight"] = checkpoint["state_dict"].pop("model.tok.weight")
+    other = workdir / "other_code.ckpt"
+    torch.save(checkpoint, other)
+    line = one_error_line([*args, f"--ckpt_path={other}", "--model.arch.d_model=64"], capsys)
+    assert "does not fit this model" in line and "shapes differ" in line and "--model.init_from" in line
+    assert "missing (model.tok.weight" in line and "unexpected (model.renamed.weight" in line
+
+    assert "not found" in one_error_line([*args, "--ckpt_path=missing.ckpt"], capsys)
