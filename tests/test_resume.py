@@ -85,6 +85,10 @@ def final_state(folder: Path) -> dict:
     return torch.load(newest_last_checkpoint(folder), map_location="cpu", weights_only=True)
 
 
+def fault(callback: str, step: int) -> str:
+    return "{class_path: tests.fault_injection.%s, init_args: {step: %d}}" % (callback, step)  # noqa: UP031
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("uninterrupted")
@@ -97,7 +101,7 @@ def uninterrupted(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("kill_at", [5, 7])
 def test_a_run_killed_by_sigkill_resumes_to_the_same_weights(kill_at, uninterrupted, tmp_path):
     corpus = small_corpus(tmp_path)
-    killer = f"--trainer.callbacks=[{{class_path: tests.fault_injection.SigkillAtStep, init_args: {{step: {kill_at}}}}}]"
+    killer = f"--trainer.callbacks=[{fault('SigkillAtStep', kill_at)}]"
     killed = run(fit_command(corpus, killer), tmp_path)
     assert killed.returncode == -9, killed.stderr[-3000:]  # really killed, no cleanup ran
     last = newest_last_checkpoint(tmp_path)
@@ -117,7 +121,7 @@ def test_a_run_killed_by_sigkill_resumes_to_the_same_weights(kill_at, uninterrup
 # --- non-finite loss ---------------------------------------------------------------------------------------------
 
 def test_a_nan_loss_stops_the_run_with_one_line_and_keeps_the_last_good_checkpoint(workdir, capsys):
-    poison = "--trainer.callbacks=[{class_path: tests.fault_injection.PoisonWeightsAtStep, init_args: {step: 3}}]"
+    poison = f"--trainer.callbacks=[{fault('PoisonWeightsAtStep', 3)}]"
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", BASELINE, *TINY_LM, "--trainer.max_steps=10", "--trainer.val_check_interval=null",
               "--trainer.limit_val_batches=0", "--checkpoint.every_n_train_steps=1", poison])

@@ -81,8 +81,11 @@ def test_unit_norm_before_training_and_after_every_step_with_accumulation():
 
 
 def test_callback_attached_only_when_some_weight_is_constrained():
-    assert [type(c) for c in tiny_lm().configure_callbacks()] == [RenormalizeUnitNormWeights]
-    assert tiny_lm(norm="rmsnorm", residual="add").configure_callbacks() == []
+    def renormalizers(model):
+        return [c for c in model.configure_callbacks() if isinstance(c, RenormalizeUnitNormWeights)]
+
+    assert len(renormalizers(tiny_lm())) == 1
+    assert renormalizers(tiny_lm(norm="rmsnorm", residual="add")) == []
 
 
 def test_fsdp1_is_refused_with_one_line():

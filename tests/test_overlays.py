@@ -1,0 +1,104 @@
+"""The trainer overlays (recipes/trainer/*.yaml) compose with the recipes, and every kind of model trains under each.
+
+Single-process overlays run in this process; DDP and FSDP2 run the CLI in 2 gloo processes on CPU (Lightning
+re-executes the script once per extra process). The models cover the plugin kinds: LAUREL (history-reading
+residual), nGPT (unit-norm weights renormalised on DTensor shards), Pattention (TokenFormer), and a ViT.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from arch_plugins.constraints import unit_norm_parameters
+from lit.checkpoints import export, is_sharded
+from lit.cli import main
+from lit.language_model import LanguageModel
+from lit.models import TransformerConfig
+from tests.conftest import REPO, TINY_LM, TINY_VIT
+
+RECIPES, OVERLAYS = REPO / "recipes", REPO / "recipes" / "trainer"
+SHORT = ["--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.check_val_every_n_epoch=null",
+         "--trainer.limit_val_batches=1", "--trainer.accelerator=cpu"]
+# The kinds of model; each entry is a recipe and the overrides that make it tiny.
+MODELS = {
+    "gpt_laurel_rw_lr_pa": TINY_LM,
+    "gpt_ngpt": TINY_LM,
+    "gpt_tokenformer": TINY_LM,
+    "vit_ngpt_pattention": TINY_VIT,
+    "vit_tokenformer_digits": TINY_VIT,
+}
+
+
+def overlay(name: str) -> list[str]:
+    return ["--config", str(OVERLAYS / f"{name}.yaml")]
+
+
+def recipe(name: str) -> list[str]:
+    return ["--config", str(RECIPES / f"{name}.yaml"), *MODELS[name]]
+
+
+def test_every_overlay_is_tested():
+    tested = {"ddp", "fsdp", "bf16", "compile", "activation_checkpointing"}
+    assert {p.stem for p in OVERLAYS.glob("*.yaml")} == tested
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("overlays", [["bf16"], ["activation_checkpointing"]])
+def test_single_process_overlays(name, overlays, workdir):
+    main(["fit", *recipe(name), *(a for o in overlays for a in overlay(o)), *SHORT, "--trainer.devices=1"])
+
+
+@pytest.mark.parametrize("name", ["gpt_laurel_rw_lr_pa", "vit_ngpt_pattention"])
+def test_compile_overlay(name, workdir):
+    # Compiling takes tens of seconds on CPU: two recipes, both with a history-reading or unit-norm model.
+    cli = main(["fit", *recipe(name), *overlay("compile"), *SHORT, "--trainer.devices=1"])
+    assert all(b._compiled_call_impl is not None for b in cli.model.model.stack.blocks)
+
+
+def run_two_processes(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(REPO / "cli.py"), "fit", *args, "--trainer.devices=2",
+                           "--trainer.enable_progress_bar=false"],
+                          cwd=cwd, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def last_checkpoint(folder: Path) -> Path:
+    (last,) = folder.glob("runs/*/*/checkpoints/last.ckpt")
+    return last
+
+
+@pytest.mark.parametrize("name", ["gpt_laurel_rw_lr_pa", "vit_tokenformer_digits"])
+def test_ddp(name, tmp_path):
+    run_two_processes([*recipe(name), *overlay("ddp"), *SHORT], tmp_path)
+    checkpoint = torch.load(last_checkpoint(tmp_path), weights_only=True)
+    assert checkpoint["global_step"] == 2
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("gpt_ngpt", []),
+    ("vit_ngpt_pattention", []),
+    ("gpt_laurel_rw_lr_pa", ["activation_checkpointing"]),
+    ("gpt_tokenformer", ["bf16", "activation_checkpointing"]),
+])
+def test_fsdp2(name, extra, tmp_path):
+    run_two_processes([*recipe(name), *overlay("fsdp"), *(a for o in extra for a in overlay(o)), *SHORT], tmp_path)
+    last = last_checkpoint(tmp_path)
+    assert is_sharded(last) and len(list(last.glob("*.distcp"))) == 2  # one shard per rank
+    full = torch.load(export(last, tmp_path / "full.ckpt"), weights_only=True)
+    assert full["global_step"] == 2
+    assert all(torch.isfinite(t).all() for t in full["state_dict"].values())
+    if name == "gpt_ngpt":  # renormalised on the shards: the gathered weights are on the sphere
+        arch = full["hyper_parameters"]["arch"]  # the CLI saves it as the dict it parsed
+        model = LanguageModel(vocab_size=65, block_size=32, arch=TransformerConfig(**arch))
+        model.load_state_dict(full["state_dict"])
+        for param_name, param, dim in unit_norm_parameters(model):
+            norms = param.detach().norm(dim=dim)
+            torch.testing.assert_close(norms, torch.ones_like(norms), msg=param_name)

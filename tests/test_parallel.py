@@ -1,0 +1,86 @@
+"""How blocks execute (lit/parallel.py): activation checkpointing and torch.compile change nothing but cost.
+
+The residuals that read the history of earlier layers (LAUREL-PA) are the hard case for activation
+checkpointing: a recomputation must see the history as it was when the block first ran.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit.language_model import LanguageModel
+from lit.models import TransformerConfig
+from lit.parallel import checkpoint_blocks, compile_blocks
+
+# A history-reading residual, nGPT's unit-norm plumbing, Pattention; dropout checks random-state replay.
+ARCHS = {
+    "laurel_rw_lr_pa": dict(residual="laurel_rw_lr_pa"),
+    "laurel_pa_sublayer": dict(residual="laurel_pa", residual_options={"placement": "sublayer"}),
+    "ngpt": dict(norm="hypersphere", residual="ngpt"),
+    "pattention": dict(norm="layernorm_nonparam", projection="pattention"),
+}
+
+
+def model(arch: dict, dropout: float = 0.0) -> LanguageModel:
+    torch.manual_seed(0)
+    cfg = TransformerConfig(d_model=32, n_layers=3, n_heads=2, dropout=dropout, **arch)
+    m = LanguageModel(vocab_size=17, block_size=16, arch=cfg)
+    with torch.no_grad():  # move every parameter off its init (LAUREL's B and PA's gammas start at zero)
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return m
+
+
+def loss_and_grads(m: LanguageModel, seed: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    torch.manual_seed(seed)
+    idx = torch.randint(0, 17, (2, 16))
+    loss = m._loss(m(idx), idx)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(name):
+    dropout = 0.1 if name == "laurel_rw_lr_pa" else 0.0
+    reference = model(ARCHS[name], dropout)
+    expected_loss, expected_grads = loss_and_grads(reference)
+    checkpointed = model(ARCHS[name], dropout)
+    checkpoint_blocks(checkpointed.model)
+    checkpoint_blocks(checkpointed.model)  # idempotent
+    loss, grads = loss_and_grads(checkpointed)
+    assert torch.equal(loss, expected_loss)
+    assert grads.keys() == expected_grads.keys()
+    for n, g in grads.items():
+        torch.testing.assert_close(g, expected_grads[n], rtol=0, atol=1e-7, msg=n)
+    assert [n for n, _ in checkpointed.named_parameters()] == [n for n, _ in reference.named_parameters()]
+
+
+def test_activation_checkpointing_recomputes_each_block_in_backward():
+    m = model(ARCHS["laurel_rw_lr_pa"])
+    calls = []
+    for block in m.model.stack.blocks:
+        block.attn.register_forward_hook(lambda *_: calls.append(1))
+    loss_and_grads(m)
+    assert len(calls) == 3  # once per block
+    checkpoint_blocks(m.model)
+    calls.clear()
+    loss_and_grads(m)
+    assert len(calls) == 6  # again in backward
+    calls.clear()
+    with torch.no_grad():
+        m(torch.zeros(1, 4, dtype=torch.long))
+    assert len(calls) == 3  # nothing to recompute without gradients
+
+
+def test_compiled_blocks_compute_what_eager_blocks_compute():
+    reference = model(ARCHS["laurel_rw_lr_pa"])
+    expected_loss, expected_grads = loss_and_grads(reference)
+    compiled = model(ARCHS["laurel_rw_lr_pa"])
+    compile_blocks(compiled.model)
+    assert all(b._compiled_call_impl is not None for b in compiled.model.stack.blocks)
+    loss, grads = loss_and_grads(compiled)
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-5)
+    for n, g in grads.items():
+        torch.testing.assert_close(g, expected_grads[n], rtol=1e-4, atol=1e-5, msg=n)
+    assert compiled.state_dict().keys() == reference.state_dict().keys()  # checkpoints move between the two
