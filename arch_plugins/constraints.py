@@ -41,28 +41,67 @@ def unit_norm_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, 
 def renormalize_(model: nn.Module, eps: float = 0.0) -> int:
     """Project every declared weight back onto the unit sphere, in fp32; returns how many were touched.
 
-    Works on plain tensors and on DTensors (FSDP2 shards parameters on dim 0) without gathering a full
-    weight: along an unsharded dim the norm is local; along the sharded dim ``vector_norm`` returns a
-    partial placement that the division resolves with one all-reduce of the sums of squares
-    (platform.md §5). Every rank must call this (it is collective for sharded weights).
+    Works on plain tensors and on DTensors without gathering a full weight. For FSDP2's layout (a 1-D
+    mesh, ``Shard(0)``) each rank works on its local shard: along an unsharded dim the norm is local;
+    the weights normalised along the sharded dim share ONE all-reduce of their per-column sums of
+    squares (one collective per step instead of one per weight, and no DTensor dispatch per op). Other
+    layouts go through DTensor ops (platform.md §5). Every rank must call this (it is collective).
     """
     count = 0
+    across_shards: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its local shard)
     for _, param, dim in unit_norm_parameters(model):
-        w = param.float()
-        norm = torch.linalg.vector_norm(w, dim=dim, keepdim=True)
-        if eps:
-            norm = norm + eps
         count += 1
-        if w is param and not _is_dtensor(param):  # fp32 on one device: divide in place, no temporary
-            param.div_(norm)
-            continue
-        normalized = (w / norm).to(param.dtype)
-        if _is_dtensor(normalized) and normalized.placements != param.placements:
-            # DTensor may place the quotient differently (a (1, n) weight normalised along its sharded dim 0
-            # comes back Shard(1)); copy_ needs the parameter's own layout, so each rank keeps its shard.
-            normalized = normalized.redistribute(param.device_mesh, param.placements)
-        param.copy_(normalized)
+        if _is_dtensor(param) and _fsdp2_layout(param):
+            local = param.to_local()
+            if dim % param.dim() == 0:
+                across_shards.append((param, local))
+            else:
+                _normalize_(local, dim, eps)
+        elif _is_dtensor(param):
+            _normalize_dtensor_(param, dim, eps)
+        else:
+            _normalize_(param, dim, eps)
+    for mesh in {param.device_mesh for param, _ in across_shards}:  # FSDP2 uses one mesh; be safe with more
+        _normalize_across_shards_([(p, local) for p, local in across_shards if p.device_mesh == mesh], eps)
     return count
+
+
+def _normalize_(w: torch.Tensor, dim: int, eps: float) -> None:
+    x = w.float()  # the same tensor when it is fp32: divided in place, no temporary
+    norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
+    if eps:
+        norm = norm + eps
+    if x is w:
+        w.div_(norm)
+    else:
+        w.copy_(x / norm)
+
+
+def _normalize_across_shards_(params: list[tuple[torch.Tensor, torch.Tensor]], eps: float) -> None:
+    import torch.distributed as dist
+
+    sums = [local.float().square().sum(dim=0) for _, local in params]  # per column; a rank may hold no rows
+    flat = torch.cat(sums)
+    dist.all_reduce(flat, group=params[0][0].device_mesh.get_group())
+    for (_, local), norm in zip(params, flat.sqrt().split([s.numel() for s in sums]), strict=True):
+        local.copy_(local.float() / (norm + eps if eps else norm))
+
+
+def _fsdp2_layout(param: torch.Tensor) -> bool:
+    from torch.distributed.tensor import Shard
+
+    return param.device_mesh.ndim == 1 and tuple(param.placements) == (Shard(0),)
+
+
+def _normalize_dtensor_(param: torch.Tensor, dim: int, eps: float) -> None:
+    w = param.float()
+    norm = torch.linalg.vector_norm(w, dim=dim, keepdim=True)
+    normalized = (w / (norm + eps if eps else norm)).to(param.dtype)
+    if normalized.placements != param.placements:
+        # DTensor may place the quotient differently (a (1, n) weight normalised along its sharded dim 0
+        # comes back Shard(1)); copy_ needs the parameter's own layout, so each rank keeps its shard.
+        normalized = normalized.redistribute(param.device_mesh, param.placements)
+    param.copy_(normalized)
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
