@@ -80,10 +80,12 @@ def _normalize_(w: torch.Tensor, dim: int, eps: float) -> None:
 def _normalize_across_shards_(params: list[tuple[torch.Tensor, torch.Tensor]], eps: float) -> None:
     import torch.distributed as dist
 
-    sums = [local.float().square().sum(dim=0) for _, local in params]  # per column; a rank may hold no rows
-    flat = torch.cat(sums)
+    sums = [local.float().square().sum(dim=0) for _, local in params]  # a rank may hold no rows: zeros
+    flat = torch.cat([s.flatten() for s in sums])
     dist.all_reduce(flat, group=params[0][0].device_mesh.get_group())
-    for (_, local), norm in zip(params, flat.sqrt().split([s.numel() for s in sums]), strict=True):
+    norms = flat.sqrt().split([s.numel() for s in sums])
+    for (_, local), norm, shape in zip(params, norms, (s.shape for s in sums), strict=True):
+        norm = norm.view(shape)  # the weight without its dim 0 (a conv kernel keeps its other dims)
         local.copy_(local.float() / (norm + eps if eps else norm))
 
 

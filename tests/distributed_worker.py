@@ -28,6 +28,7 @@ from lit.models import TransformerConfig  # noqa: E402
 
 VOCAB, T, STEPS, ACCUMULATE = 17, 16, 3, 2  # odd vocabulary: the embedding and head shard unevenly
 SMALL_SHAPES = [((5, 1), 0), ((4, 3), 0), ((4, 3), 1)]  # (in, out) of a Linear, declared dim
+CONV = (2, 3, 2)  # in channels, out channels (sharded dim 0, the declared one: a ViT patch embedding), kernel
 
 
 def build_model() -> LanguageModel:
@@ -52,8 +53,8 @@ def small_weights_renormalized(mesh) -> list[torch.Tensor]:
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(2)
-    layers = [nn.Linear(i, o, bias=False) for (i, o), _ in SMALL_SHAPES]
-    for layer, (_, dim) in zip(layers, SMALL_SHAPES, strict=True):
+    layers = [nn.Linear(i, o, bias=False) for (i, o), _ in SMALL_SHAPES] + [nn.Conv2d(*CONV, bias=False)]
+    for layer, dim in zip(layers, [dim for _, dim in SMALL_SHAPES] + [0], strict=True):
         declare_unit_norm(layer, "weight", dim)
         fully_shard(layer, mesh=mesh)
     renormalize_(nn.ModuleList(layers))

@@ -70,7 +70,9 @@ def check_small_weights(gathered: list[torch.Tensor]) -> None:
     returns the quotient sharded on dim 1: without redistributing it, ``copy_`` fails."""
     torch.manual_seed(2)
     layers = [torch.nn.Linear(i, o, bias=False) for (i, o), _ in worker.SMALL_SHAPES]
+    layers.append(torch.nn.Conv2d(*worker.CONV, bias=False))  # 4-D: the norm over dim 0 keeps the other dims
+    dims = [dim for _, dim in worker.SMALL_SHAPES] + [0]
     assert len(gathered) == len(layers)
-    for got, layer, (_, dim) in zip(gathered, layers, worker.SMALL_SHAPES, strict=True):
+    for got, layer, dim in zip(gathered, layers, dims, strict=True):
         w = layer.weight.detach()
         torch.testing.assert_close(got, w / w.norm(dim=dim, keepdim=True))

@@ -8,6 +8,7 @@ residual), nGPT (unit-norm weights renormalised on DTensor shards), Pattention (
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,26 @@ def run_two_processes(args: list[str], cwd: Path) -> subprocess.CompletedProcess
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def test_two_nodes_launched_with_torchrun(tmp_path):
+    """The README's multi-node command, as 2 "nodes" of 1 CPU process each on this machine, sharing one folder
+    (a shared filesystem: one MLflow store, one checkpoint directory)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+         "--master-addr=127.0.0.1", f"--master-port={port}", str(REPO / "cli.py"), "fit", *recipe("gpt_ngpt"),
+         *overlay("fsdp"), *SHORT, "--trainer.num_nodes=2", "--trainer.devices=1",
+         "--trainer.enable_progress_bar=false"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}) for rank in (0, 1)]
+    errors = [node.communicate(timeout=400)[1] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(e[-3000:] for e in errors)
+    last = last_checkpoint(tmp_path)
+    assert is_sharded(last) and len(list(last.glob("*.distcp"))) == 2  # one shard per node
+    assert torch.load(last / "meta.pt", weights_only=True)["global_step"] == 2
 
 
 def last_checkpoint(folder: Path) -> Path:
