@@ -28,12 +28,13 @@ class SigkillAtStep(L.Callback):
 
 
 class PoisonWeightsAtStep(L.Callback):
-    """Sets one weight to NaN before the forward pass of ``step``: the loss of that step is NaN."""
+    """Sets one weight to NaN before the forward pass of ``step`` (on one ``rank`` only, or on all): the loss of
+    that step is NaN there."""
 
-    def __init__(self, step: int):
-        self.step = step
+    def __init__(self, step: int, rank: int | None = None):
+        self.step, self.rank = step, rank
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             with torch.no_grad():
                 next(pl_module.parameters()).fill_(float("nan"))

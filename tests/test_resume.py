@@ -85,8 +85,9 @@ def final_state(folder: Path) -> dict:
     return torch.load(newest_last_checkpoint(folder), map_location="cpu", weights_only=True)
 
 
-def fault(callback: str, step: int) -> str:
-    return "{class_path: tests.fault_injection.%s, init_args: {step: %d}}" % (callback, step)  # noqa: UP031
+def fault(callback: str, step: int, **more) -> str:
+    args = ", ".join(f"{k}: {v}" for k, v in {"step": step, **more}.items())
+    return f"{{class_path: tests.fault_injection.{callback}, init_args: {{{args}}}}}"
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +134,17 @@ def test_a_nan_loss_stops_the_run_with_one_line_and_keeps_the_last_good_checkpoi
     kept = torch.load(last, map_location="cpu", weights_only=True)
     assert kept["global_step"] == 3
     assert all(torch.isfinite(t).all() for t in kept["state_dict"].values())
+
+
+def test_a_nan_loss_on_one_rank_stops_every_rank(tmp_path):
+    # Rank 1 alone sees a NaN loss at step 2; a rank 0 that went on would wait for rank 1 forever.
+    proc = run([*fit_command(small_corpus(tmp_path), f"--trainer.callbacks=[{fault('PoisonWeightsAtStep', 2, rank=1)}]",
+                             "--config", str(REPO / "recipes" / "trainer" / "ddp.yaml"), "--trainer.devices=2",
+                             "--trainer.accelerator=cpu")], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "loss is non-finite on another process at step 2" in errors[0], errors
+    assert torch.load(newest_last_checkpoint(tmp_path), weights_only=True)["global_step"] == 2
 
 
 # --- checkpoints from elsewhere ----------------------------------------------------------------------------------

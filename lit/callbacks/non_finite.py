@@ -40,8 +40,9 @@ class StopOnNonFiniteLoss(L.Callback):
         if not bad:
             return
         value = loss.detach().float().item() if loss is not None else math.nan
+        what = "non-finite on another process" if math.isfinite(value) else value
         raise NonFiniteLossError(
-            f"training loss is {value} at step {self._step} (epoch {trainer.current_epoch}, batch "
+            f"training loss is {what} at step {self._step} (epoch {trainer.current_epoch}, batch "
             f"{batch_idx}); nothing was saved from this step. {last_good_checkpoint(trainer)}. Lower --model.lr, "
             f"raise the warmup or set --trainer.gradient_clip_val, then resume with --ckpt_path")
 
