@@ -20,6 +20,7 @@ import lit.image_classifier  # noqa: F401
 import lit.language_model  # noqa: F401
 from arch_plugins import registry
 from arch_plugins.registry import PluginError
+from lit.callbacks import MLflowRun, continue_checkpoint_run
 from lit.errors import UserInputError
 from lit.tracking import LogConfigToMLflow
 
@@ -57,6 +58,11 @@ class ArchLabCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True})
 
+    def before_fit(self) -> None:
+        # `fit --ckpt_path` continues the checkpoint's MLflow run: the run is created as fit sets up,
+        # before Lightning reads the checkpoint, so the logger must know it now.
+        continue_checkpoint_run(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
+
 
 DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans")
 
@@ -64,6 +70,7 @@ DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans
 def trainer_defaults() -> dict:
     return {
         "logger": {"class_path": "lit.tracking.MLflowLogger"},
+        "callbacks": [MLflowRun()],  # one run for all processes, resume into it, system metrics
     }
 
 
