@@ -11,7 +11,7 @@ import warnings
 
 from jsonargparse import ArgumentParser
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -21,6 +21,7 @@ import lit.image_classifier  # noqa: F401
 import lit.language_model  # noqa: F401
 from arch_plugins import registry
 from arch_plugins.registry import PluginError
+from lit.callbacks import MLflowRun, continue_checkpoint_run
 from lit.checkpoints import check_fits, checkpoint_shapes
 from lit.errors import UserInputError
 from lit.tracking import LogConfigToMLflow
@@ -59,6 +60,14 @@ class ArchLabCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True})
 
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        # One MLflow run for all processes, resumed into, with system metrics. Added here rather than as the
+        # default of --trainer.callbacks, which a user's own list of callbacks would replace.
+        if not any(isinstance(c, MLflowRun) for c in trainer.callbacks):
+            trainer.callbacks.insert(0, MLflowRun())
+        return trainer
+
     def _parse_ckpt_path(self) -> None:
         # Lightning reads a --ckpt_path's hyperparameters before anything is built: a file that cannot be read
         # (truncated, foreign objects) must end in one line here rather than in a traceback.
@@ -70,6 +79,9 @@ class ArchLabCLI(LightningCLI):
     # Weights of another architecture are a one-line error before any setup, not a load_state_dict wall.
     def before_fit(self) -> None:
         self._check_checkpoint()
+        # `fit --ckpt_path` continues the checkpoint's MLflow run: the run is created as fit sets up,
+        # before Lightning reads the checkpoint, so the logger must know it now.
+        continue_checkpoint_run(self.trainer, self._checkpoint_file())
 
     def before_validate(self) -> None:
         self._check_checkpoint()

@@ -7,24 +7,56 @@
   asserts and checkpoints land in a folder named after the experiment id. ``MLflowLogger`` keeps a
   local ``save_dir`` for checkpoints (``<save_dir>/<experiment_id>/<run_id>/checkpoints``) and
   ``LogConfigToMLflow`` writes the resolved config into the run instead of a shared file.
+- Logging is asynchronous by default (a step never waits for the store; MLflow drains the queue
+  before the run is marked terminated); a continued run keeps its params (MLflow forbids changing
+  them); sharded checkpoints, which are directories, are logged as artifacts too (Lightning skips them).
+
+One run per training under many processes, resume into the same run and system metrics are the
+``MLflowRun`` callback's part (``lit/callbacks/mlflow_run.py``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import subprocess
+import tempfile
+from argparse import Namespace
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+import yaml
+from filelock import FileLock
+from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
-from torch import nn
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from torch import Tensor, nn
+
+from lit.errors import UserInputError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 # The code that runs, wherever the run is launched from: its commit is the run's provenance.
 CODE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAM_LENGTH = 6000  # MLflow's limit; Lightning's own log_hyperparams truncates to 250
+NOT_PARAMS = ("config", "ckpt_path")  # where the settings came from, not settings
+ASYNC_BUFFERING = "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"
+
+log = logging.getLogger(__name__)
+
+
+@rank_zero_only
+def warn(message: str) -> None:
+    """One line on stderr from rank 0 (a ``warnings.warn`` would add a line of our source code)."""
+    log.warning(message)
 
 
 class MLflowLogger(MLFlowLogger):
@@ -37,24 +69,195 @@ class MLflowLogger(MLFlowLogger):
             ``http://host:port`` server works too.
         tags: extra run tags.
         save_dir: local folder for checkpoints, one subfolder per run.
-        log_model: log checkpoints as artifacts (False, True at the end, or "all").
-        run_id: continue an existing run.
-        synchronous: MLflow's synchronous logging switch (None: MLflow's default).
+        log_model: log checkpoints as artifacts (False, True at the end, or "all"), sharded
+            checkpoint directories included.
+        run_id: continue an existing run (it must exist in the tracking store).
+        synchronous: wait for the store on every logging call. Default False: metrics and params
+            are queued and written by MLflow's background threads, so a training step never waits
+            for a database or a server, and what is queued within a second goes as one request
+            (``$MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS``, set to 1 unless already set). Nothing is
+            lost: MLflow drains the queue before it marks the run terminated (``finalize``), and at
+            exit. None: MLflow's own default (synchronous).
+        system_metrics: log CPU, memory, disk, network (and NVIDIA GPU) usage into the run with
+            MLflow's ``SystemMetricsMonitor``, once per node (needs the ``MLflowRun`` callback,
+            which the CLI adds).
+        system_metrics_interval: seconds between two system-metric samples.
     """
 
     def __init__(self, experiment_name: str = "arch-lab", run_name: str | None = None,
                  tracking_uri: str | None = None, tags: dict[str, Any] | None = None, save_dir: str = "runs",
                  log_model: Literal[True, False, "all"] = False, artifact_location: str | None = None,
-                 run_id: str | None = None, synchronous: bool | None = None):
+                 run_id: str | None = None, synchronous: bool | None = False, system_metrics: bool = True,
+                 system_metrics_interval: float = 10.0):
+        if system_metrics_interval <= 0:
+            raise UserInputError(f"system_metrics_interval must be a positive number of seconds, got "
+                                 f"{system_metrics_interval}; or set system_metrics: false")
         tracking_uri = absolute_sqlite(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
-        super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=tracking_uri,
-                         tags=tags, save_dir=save_dir, log_model=log_model,
-                         artifact_location=artifact_location, run_id=run_id, synchronous=synchronous)
+        # Every process builds a client, which creates the tables of a new sqlite database; processes
+        # started together (torchrun, SLURM) would race in MLflow's migrations and one would crash.
+        with sqlite_creation_lock(tracking_uri):
+            super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=tracking_uri,
+                             tags=tags, save_dir=save_dir, log_model=log_model,
+                             artifact_location=artifact_location, run_id=run_id, synchronous=synchronous)
+        if synchronous is False:
+            # Unbuffered, MLflow sends each logging call as its own request from a pool of threads that
+            # compete with training for the cores: logging every step cost a small model +36-42% per
+            # step, merged per second +2-8% (benchmarks/results/logging_overhead.md). MLflow reads only
+            # this process-wide setting; a value the user set wins.
+            os.environ.setdefault(ASYNC_BUFFERING, "1")
         self._local_dir = save_dir
+        self.system_metrics = system_metrics
+        self.system_metrics_interval = system_metrics_interval
+        # Where a run id came from when it was not passed by the user: (checkpoint path, its tracking URI).
+        self._run_origin: tuple[str, str | None] | None = None
+        self.continued = False  # the run existed before this training (resume or explicit run_id)
 
     @property
     def save_dir(self) -> str:
         return self._local_dir
+
+    @property
+    def tracking_uri(self) -> str:
+        return self._tracking_uri
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> MlflowClient:
+        if not self._initialized and self._run_id is not None:
+            self._reopen_run()
+        return super().experiment
+
+    def _reopen_run(self) -> None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self._mlflow_client.get_run(self._run_id)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            run = None
+        if run is None or run.info.lifecycle_stage == "deleted":
+            if self._run_origin is None:
+                raise UserInputError(f"MLflow run {self._run_id} does not exist in {self._tracking_uri}; "
+                                     "pass the run_id of an existing run, or none to start a new one")
+            path, logged_to = self._run_origin
+            elsewhere = f" (it was logged to {logged_to})" if logged_to and logged_to != self._tracking_uri else ""
+            warn(f"MLflow run {self._run_id} of checkpoint {path} is not in {self._tracking_uri}{elsewhere}; "
+                 "logging to a new run")
+            self._run_id = None
+            return
+        self.continued = True
+        if run.info.status != "RUNNING":
+            # The UI should show it training again, and MLflow's system-metrics thread stops sampling
+            # as soon as it sees a run that is not RUNNING.
+            self._mlflow_client.update_run(self._run_id, status="RUNNING")
+
+    def continue_run(self, run_id: str, checkpoint: str, logged_to: str | None = None) -> None:
+        """Log into the run that wrote ``checkpoint`` instead of a new one (resuming a training).
+
+        A ``run_id`` passed by the user wins. If the run is not in this tracking store, a new run is
+        started with a warning. Must be called before the run is first used (before ``trainer.fit``).
+
+        Args:
+            run_id: the run stored in the checkpoint.
+            checkpoint: the checkpoint's path (for the warning).
+            logged_to: the tracking URI the run was logged to (for the warning).
+        """
+        if self._run_id is not None:
+            return
+        self._run_id, self._run_origin = run_id, (checkpoint, logged_to)
+
+    def use_run(self, run_id: str, experiment_id: str, continued: bool) -> None:
+        """Take the run global rank 0 logs to (other ranks never create one): checkpoint folders,
+        system metrics and checkpoint metadata need its id on every rank.
+
+        Args:
+            run_id: rank 0's run.
+            experiment_id: rank 0's experiment.
+            continued: whether the run existed before this training.
+        """
+        self._run_id, self._experiment_id, self.continued = run_id, experiment_id, continued
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:
+        params = _flatten_dict(_convert_params(params))
+        synchronous = self._log_batch_kwargs.get("synchronous", True)
+        changed = log_params(self.experiment, self.run_id, params, synchronous=synchronous)
+        if changed:
+            warn(f"MLflow run {self.run_id} keeps its first hyperparameters; changed now: "
+                 f"{describe_changes(changed)}")
+
+    @rank_zero_only
+    def _scan_and_log_checkpoints(self, checkpoint_callback: ModelCheckpoint) -> None:
+        # Lightning's version keeps only files (Path.is_file), so sharded checkpoints (directories)
+        # were silently never logged. Same artifact layout: <stem>/<name>, metadata.yaml, aliases.txt.
+        for mtime, path, score in checkpoints_to_log(checkpoint_callback, self._logged_model_time):
+            artifact_path = Path(path).stem
+            if Path(path).is_dir():
+                self.experiment.log_artifacts(self._run_id, path, f"{artifact_path}/{Path(path).name}")
+            else:
+                self.experiment.log_artifact(self._run_id, path, artifact_path)
+            metadata = {
+                "score": score.item() if isinstance(score, Tensor) else score,
+                "original_filename": Path(path).name,
+                "Checkpoint": {k: getattr(checkpoint_callback, k) for k in CHECKPOINT_SETTINGS
+                               if hasattr(checkpoint_callback, k)},
+            }
+            aliases = ["latest", "best"] if path == checkpoint_callback.best_model_path else ["latest"]
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / "metadata.yaml").write_text(yaml.dump(metadata, default_flow_style=False))
+                (Path(tmp) / "aliases.txt").write_text(str(aliases))
+                self.experiment.log_artifacts(self._run_id, tmp, artifact_path)
+            self._logged_model_time[path] = mtime
+
+
+CHECKPOINT_SETTINGS = ("monitor", "mode", "save_last", "save_top_k", "save_weights_only", "_every_n_train_steps",
+                       "_every_n_val_epochs")
+
+
+def checkpoints_to_log(callback: ModelCheckpoint, logged: dict[str, float]) -> list[tuple[float, str, Any]]:
+    """(modification time, path, score) of the callback's checkpoints not logged since they last changed,
+    oldest first. A directory (sharded checkpoint) counts as changed when any file in it did."""
+    scores: dict[str, Any] = {}
+    if callback.last_model_path:
+        scores[callback.last_model_path] = callback.current_score
+    if callback.best_model_path:
+        scores[callback.best_model_path] = callback.best_model_score
+    scores.update(callback.best_k_models)
+    found = []
+    for path, score in scores.items():
+        p = Path(path)
+        if p.is_file():
+            mtime = p.stat().st_mtime
+        elif p.is_dir():
+            mtime = max((f.stat().st_mtime for f in p.rglob("*") if f.is_file()), default=None)
+        else:
+            continue
+        if mtime is not None and (path not in logged or logged[path] < mtime):
+            found.append((mtime, path, score))
+    return sorted(found, key=lambda item: item[:2])
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, Any],
+               synchronous: bool = True) -> dict[str, tuple[str, str]]:
+    """Log the params the run does not have yet (values up to MLflow's 6000 characters).
+
+    MLflow params cannot change, so a continued run keeps its first values. Returns
+    ``{key: (value in the run, value now)}`` for those that differ.
+    """
+    from mlflow.entities import Param
+
+    existing = client.get_run(run_id).data.params
+    values = {k: str(v)[:MAX_PARAM_LENGTH] for k, v in params.items()}
+    new = [Param(k, v) for k, v in values.items() if k not in existing]
+    for i in range(0, len(new), 100):  # MLflow's limit per batch
+        client.log_batch(run_id, params=new[i:i + 100], synchronous=synchronous)
+    return {k: (existing[k], v) for k, v in values.items() if k in existing and existing[k] != v}
+
+
+def describe_changes(changed: dict[str, tuple[str, str]], limit: int = 5) -> str:
+    shown = ", ".join(f"{k} ({old[:40]} -> {new[:40]})" for k, (old, new) in list(changed.items())[:limit])
+    return shown + (f" and {len(changed) - limit} more" if len(changed) > limit else "")
 
 
 def absolute_sqlite(uri: str) -> str:
@@ -67,6 +270,18 @@ def absolute_sqlite(uri: str) -> str:
     if uri.startswith(prefix) and not uri.startswith(prefix + "/") and ":memory:" not in uri:
         return prefix + str(Path(uri[len(prefix):]).resolve())
     return uri
+
+
+def sqlite_creation_lock(uri: str) -> AbstractContextManager:
+    """A lock across the processes of this machine for a sqlite URI (nothing for other stores).
+
+    The lock file lives in the temp folder, named after the database path, not beside the database.
+    """
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or ":memory:" in uri:
+        return nullcontext()
+    digest = hashlib.sha1(uri[len(prefix):].encode()).hexdigest()[:16]
+    return FileLock(Path(tempfile.gettempdir()) / f"arch-lab-mlflow-{digest}.lock")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -109,6 +324,8 @@ class LogConfigToMLflow(SaveConfigCallback):
     """Logs the fully resolved config into each MLflow run: as ``config.yaml`` and as flattened params.
 
     Also tags the run with the plugins used and the git commit. Runs on rank 0 only (no collectives).
+    A continued run (``fit --ckpt_path``) keeps its ``config.yaml`` and params; the new launch's config
+    is logged beside it as ``config.resume-<n>.yaml``.
     """
 
     def __init__(self, parser, config, config_filename: str = "config.yaml", overwrite: bool = False,
@@ -117,15 +334,23 @@ class LogConfigToMLflow(SaveConfigCallback):
         super().__init__(parser, config, config_filename, overwrite, multifile, save_to_log_dir=False)
 
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import RunTag
 
         for logger in trainer.loggers:
             if not isinstance(logger, MLFlowLogger):
                 continue
             client, run_id = logger.experiment, logger.run_id
-            client.log_text(run_id, self.parser.dump(self.config, skip_none=False), self.config_filename)
-            params = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in _flatten(self.config.as_dict()).items()
-                      if k != "config"]  # the --config paths are not hyperparameters
-            for i in range(0, len(params), 100):
-                client.log_batch(run_id, params=params[i:i + 100])
+            stem, suffix = os.path.splitext(self.config_filename)
+            earlier = [a.path for a in client.list_artifacts(run_id)
+                       if a.path == self.config_filename or a.path.startswith(f"{stem}.resume-")]
+            filename = f"{stem}.resume-{len(earlier)}{suffix}" if earlier else self.config_filename
+            dumped = self.parser.dump(self.config, skip_none=False)
+            client.log_text(run_id, dumped, filename)
+            # Params from the dump, as config.yaml shows them: values linked from the data at
+            # instantiation are left out there (the model's hyperparameters hold them).
+            params = {k: v for k, v in _flatten(yaml.safe_load(dumped)).items() if k not in NOT_PARAMS}
+            changed = log_params(client, run_id, params)
+            if changed:
+                warn(f"MLflow run {run_id} continues with other settings than it has as params: "
+                     f"{describe_changes(changed)}; this launch's config is {filename}")
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in provenance_tags(pl_module).items()])

@@ -1,6 +1,8 @@
-"""Lightning callbacks that act on the model from outside (no architecture special cases)."""
+"""Lightning callbacks that act on the model or the run from outside (no architecture special cases)."""
 
+from lit.callbacks.mlflow_run import MLflowRun, continue_checkpoint_run
 from lit.callbacks.non_finite import NonFiniteLossError, StopOnNonFiniteLoss
 from lit.callbacks.unit_norm import RenormalizeUnitNormWeights, has_unit_norm_weights
 
-__all__ = ["NonFiniteLossError", "StopOnNonFiniteLoss", "RenormalizeUnitNormWeights", "has_unit_norm_weights"]
+__all__ = ["MLflowRun", "NonFiniteLossError", "RenormalizeUnitNormWeights", "StopOnNonFiniteLoss",
+           "continue_checkpoint_run", "has_unit_norm_weights"]
