@@ -2,8 +2,9 @@
 
 - Reading is weights-only: tensors, containers and our own config types, never arbitrary pickled
   objects, so a checkpoint from elsewhere cannot run code.
-- ``check_fits`` runs before Lightning touches a ``--ckpt_path``: a corrupt file, a foreign object or
-  weights of another architecture end in one line saying what to do, not in a traceback mid-setup.
+- ``checkpoint_shapes`` and ``check_fits`` run before Lightning touches a ``--ckpt_path``: a corrupt
+  file, a foreign object or weights of another architecture end in one line saying what to do, not
+  in a traceback mid-setup.
 - ``export`` turns a sharded FSDP2 checkpoint (a directory of per-rank shards) into one ordinary
   Lightning checkpoint file, loadable on one process, optimizer state included:
 
@@ -60,9 +61,9 @@ def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in checkpoint["state_dict"].items() if isinstance(v, torch.Tensor)}
 
 
-def check_fits(path: str | Path, model: nn.Module) -> None:
-    """One line, before any training, if the checkpoint cannot be read or holds another architecture."""
-    found = checkpoint_shapes(path)
+def check_fits(path: str | Path, found: dict[str, tuple[int, ...]], model: nn.Module) -> None:
+    """One line, before any training, if the checkpoint at ``path`` (its ``checkpoint_shapes``) holds another
+    architecture than ``model``."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(expected.keys() - found.keys())
     unexpected = sorted(found.keys() - expected.keys())

@@ -71,9 +71,9 @@ class ArchLabCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         # Lightning reads a --ckpt_path's hyperparameters before anything is built: a file that cannot be read
         # (truncated, foreign objects) must end in one line here rather than in a traceback.
+        # Read once: the shapes are kept for the check against the model, once it is built.
         path = self._checkpoint_file()
-        if path is not None:
-            checkpoint_shapes(path)
+        self._checkpoint_shapes = checkpoint_shapes(path) if path is not None else None
         super()._parse_ckpt_path()
 
     # Weights of another architecture are a one-line error before any setup, not a load_state_dict wall.
@@ -93,9 +93,8 @@ class ArchLabCLI(LightningCLI):
         self._check_checkpoint()
 
     def _check_checkpoint(self) -> None:
-        path = self._checkpoint_file()
-        if path is not None:
-            check_fits(path, self.model)
+        if self._checkpoint_shapes is not None:
+            check_fits(self._checkpoint_file(), self._checkpoint_shapes, self.model)
 
     def _checkpoint_file(self) -> str | None:
         """The --ckpt_path of this subcommand, unless it is a name Lightning resolves itself."""
