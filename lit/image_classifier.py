@@ -12,7 +12,6 @@ from lit.init_from import Growth, load_initial_weights
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import VIT_ARCH, ViT, with_variant
 from lit.task import EXECUTION_OPTIONS, ArchitectureTask
-from lit.throughput import StepRate
 
 
 class ImageClassifier(ArchitectureTask):
@@ -48,7 +47,7 @@ class ImageClassifier(ArchitectureTask):
                  weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 100,
                  min_lr_ratio: float = 0.01, init_from: str | None = None, growth: Growth = Growth(),
                  compile: bool = False, activation_checkpointing: bool = False):
-        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing)
+        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="images")
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
         self.model = ViT(num_classes, image_size, patch_size, in_chans, with_variant(arch, variant), pooling, pos_embed)
         if init_from is not None:
@@ -58,7 +57,6 @@ class ImageClassifier(ArchitectureTask):
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.images_per_s = StepRate()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(images)
@@ -68,20 +66,10 @@ class ImageClassifier(ArchitectureTask):
         logits = self(images)
         # Class indices or probabilities (Mixup/CutMix, label smoothing): cross_entropy takes both.
         loss = F.cross_entropy(logits.float(), targets)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        self.log_training_step(loss, images.shape[0])
         self.train_acc(logits, targets.argmax(dim=-1) if targets.is_floating_point() else targets)
         self.log("train/acc", self.train_acc)
-        rate = self.images_per_s.tick(images.shape[0] * self.trainer.world_size)
-        if rate is not None:
-            self.log("train/images_per_s", rate, prog_bar=True)
         return loss
-
-    def on_train_epoch_start(self) -> None:
-        self.images_per_s.reset()  # time spent outside training steps is not training throughput
-
-    def on_validation_start(self) -> None:
-        self.images_per_s.reset()
 
     def validation_step(self, batch, batch_idx: int) -> None:
         images, labels = batch

@@ -10,7 +10,6 @@ from lit.init_from import Growth, load_initial_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
 from lit.task import EXECUTION_OPTIONS, ArchitectureTask
-from lit.throughput import StepRate
 
 
 class LanguageModel(ArchitectureTask):
@@ -43,14 +42,13 @@ class LanguageModel(ArchitectureTask):
                  max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = None,
                  init_from: str | None = None, growth: Growth = Growth(),
                  compile: bool = False, activation_checkpointing: bool = False):
-        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing)
+        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="tokens")
         # The resolved config is logged by the CLI; the logger need not log hparams a second time.
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
         self.model = GPT(vocab_size, block_size, arch, tie_embeddings)
         if init_from is not None:
             load_initial_weights(self, init_from, growth)
         self.val_ppl = Perplexity()
-        self.tokens_per_s = StepRate()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
@@ -61,18 +59,8 @@ class LanguageModel(ArchitectureTask):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         idx, targets = batch
         loss = self._loss(self(idx), targets)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
-        rate = self.tokens_per_s.tick(idx.numel() * self.trainer.world_size)
-        if rate is not None:
-            self.log("train/tokens_per_s", rate, prog_bar=True)
+        self.log_training_step(loss, idx.numel())
         return loss
-
-    def on_train_epoch_start(self) -> None:
-        self.tokens_per_s.reset()  # time spent outside training steps is not training throughput
-
-    def on_validation_start(self) -> None:
-        self.tokens_per_s.reset()
 
     def validation_step(self, batch, batch_idx: int) -> None:
         idx, targets = batch

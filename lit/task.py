@@ -10,19 +10,42 @@ hyperparameters over the command line's), so a run can resume under another over
 from __future__ import annotations
 
 import lightning as L
+import torch
 
 from lit.callbacks import RenormalizeUnitNormWeights, StopOnNonFiniteLoss, has_unit_norm_weights
 from lit.checkpoints import restore_rng_states, rng_states
 from lit.optim import adamw_warmup_cosine
 from lit.parallel import checkpoint_blocks, compile_blocks, shard
+from lit.throughput import StepRate
 
 EXECUTION_OPTIONS = ("compile", "activation_checkpointing")
 
 
 class ArchitectureTask(L.LightningModule):
-    def __init__(self, compile: bool = False, activation_checkpointing: bool = False):
+    """Args:
+        compile: ``torch.compile`` each transformer block.
+        activation_checkpointing: recompute each block's activations in backward.
+        items: what training throughput counts (``tokens``, ``images``): logged as ``train/<items>_per_s``.
+    """
+
+    def __init__(self, compile: bool = False, activation_checkpointing: bool = False, items: str = "samples"):
         super().__init__()
         self.compile_each_block, self.recompute_activations = compile, activation_checkpointing
+        self.throughput, self.throughput_metric = StepRate(), f"train/{items}_per_s"
+
+    def log_training_step(self, loss: torch.Tensor, items: int) -> None:
+        """The metrics every task logs per training step: loss, learning rate, items/s over all processes."""
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        rate = self.throughput.tick(items * self.trainer.world_size)
+        if rate is not None:
+            self.log(self.throughput_metric, rate, prog_bar=True)
+
+    def on_train_epoch_start(self) -> None:
+        self.throughput.reset()  # time spent outside training steps is not training throughput
+
+    def on_validation_start(self) -> None:
+        self.throughput.reset()
 
     def configure_model(self) -> None:
         # torchtitan's order: activation checkpointing, then compile, then FSDP2 (strategies with a device mesh).
