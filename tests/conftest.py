@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import importlib
+import os
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of a CLI run in child processes: one thread each (2 cores), this checkout importable
+    (tests/fault_injection.py), and no tracking URI or rank of this process leaking in."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "LOCAL_RANK", "NODE_RANK")}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **extra}
 
 
 def write_distribution(site: Path, name: str, version: str, entry_points: dict[str, dict[str, str]],

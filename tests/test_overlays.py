@@ -7,8 +7,6 @@ residual), nGPT (unit-norm weights renormalised on DTensor shards), Pattention (
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +19,7 @@ from lit.checkpoints import export, is_sharded
 from lit.cli import main
 from lit.language_model import LanguageModel
 from lit.models import TransformerConfig
-from tests.conftest import REPO, TINY_LM, TINY_VIT
+from tests.conftest import REPO, TINY_LM, TINY_VIT, free_port, subprocess_env
 
 RECIPES, OVERLAYS = REPO / "recipes", REPO / "recipes" / "trainer"
 SHORT = ["--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.check_val_every_n_epoch=null",
@@ -66,7 +64,7 @@ def run_two_processes(args: list[str], cwd: Path) -> subprocess.CompletedProcess
     proc = subprocess.run([sys.executable, str(REPO / "cli.py"), "fit", *args, "--trainer.devices=2",
                            "--trainer.enable_progress_bar=false"],
                           cwd=cwd, capture_output=True, text=True, timeout=400,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+                          env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
@@ -74,16 +72,14 @@ def run_two_processes(args: list[str], cwd: Path) -> subprocess.CompletedProcess
 def test_two_nodes_launched_with_torchrun(tmp_path):
     """The README's multi-node command, as 2 "nodes" of 1 CPU process each on this machine, sharing one folder
     (a shared filesystem: one MLflow store, one checkpoint directory)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
          "--master-addr=127.0.0.1", f"--master-port={port}", str(REPO / "cli.py"), "fit", *recipe("gpt_ngpt"),
          *overlay("fsdp"), *SHORT, "--trainer.num_nodes=2", "--trainer.devices=1",
          "--trainer.enable_progress_bar=false"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}) for rank in (0, 1)]
+        env=subprocess_env()) for rank in (0, 1)]
     errors = [node.communicate(timeout=400)[1] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(e[-3000:] for e in errors)
     last = last_checkpoint(tmp_path)

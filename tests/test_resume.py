@@ -11,7 +11,7 @@ import torch
 
 from lit.cli import main
 from lit.data.resumable import ResumableSampler
-from tests.conftest import REPO, TINY_LM
+from tests.conftest import REPO, TINY_LM, subprocess_env
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
 STEPS = 12
@@ -74,7 +74,7 @@ def fit_command(corpus: Path, *extra: str) -> list[str]:
 
 def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+                          env=subprocess_env())
 
 
 def newest_last_checkpoint(folder: Path) -> Path:

@@ -7,7 +7,6 @@ The 2-process (FSDP2) runs against a server are in test_tracking_distributed.py.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from lit.callbacks.mlflow_run import checkpoint_run
 from lit.cli import main
 from lit.errors import UserInputError
 from lit.tracking import MLflowLogger
-from tests.conftest import REPO, TINY_LM
+from tests.conftest import REPO, TINY_LM, free_port
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
 SHORT = ["--trainer.max_steps=3", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=1",
@@ -81,12 +80,6 @@ def test_tracking_uri_from_the_environment(workdir, monkeypatch):
     main(["fit", "--config", BASELINE, *TINY_LM, *SHORT])
     assert not (workdir / "mlflow.db").exists()
     only_run(f"sqlite:///{workdir}/elsewhere.db")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -9,20 +9,18 @@ checkpoint directory the first fit wrote. And processes started at once on a new
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 
 from lit.callbacks.mlflow_run import checkpoint_run
-from tests.conftest import REPO, TINY_LM
+from tests.conftest import REPO, TINY_LM, free_port, subprocess_env
 from tests.test_tracking import (  # noqa: F401  (mlflow_server is a fixture)
     BASELINE,
     FAST_SYSTEM_METRICS,
     SHORT,
     artifact_files,
     assert_complete_run,
-    free_port,
     mlflow_server,
     only_run,
     steps,
@@ -38,16 +36,11 @@ def cli_fit(tracking_uri: str, *args: str) -> list[str]:
             *FSDP2, f"--trainer.logger.init_args.tracking_uri={tracking_uri}", *args]
 
 
-def environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "LOCAL_RANK", "NODE_RANK")}
-    return {**env, "OMP_NUM_THREADS": "1", **extra}
-
-
 def fit_on_two_nodes(cwd, tracking_uri: str, *args: str) -> None:
     command = cli_fit(tracking_uri, "--trainer.num_nodes=2", "--trainer.devices=1", *args)
     port = str(free_port())
     nodes = [subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              env=environment(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(rank),
+                              env=subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(rank),
                                               LOCAL_RANK="0"))
              for rank in (0, 1)]
     try:
@@ -61,7 +54,7 @@ def fit_on_two_nodes(cwd, tracking_uri: str, *args: str) -> None:
 
 def fit_on_two_devices(cwd, tracking_uri: str, *args: str) -> None:
     proc = subprocess.run(cli_fit(tracking_uri, "--trainer.devices=2", *args), cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env=environment())
+                          text=True, timeout=300, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -108,7 +101,7 @@ def test_processes_started_together_share_a_new_sqlite_database(tmp_path):
     uri, n = f"sqlite:///{tmp_path}/new.db", 3
     processes = [subprocess.Popen([sys.executable, "-c", NEW_DATABASE_AT_ONCE, uri, str(tmp_path), f"ready{i}"],
                                   cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                  env=environment()) for i in range(n)]
+                                  env=subprocess_env()) for i in range(n)]
     deadline = time.time() + 120
     while len(list(tmp_path.glob("ready*"))) < n and time.time() < deadline:  # all imported: go at once
         time.sleep(0.05)
