@@ -1,0 +1,54 @@
+"""How a sweep is written into MLflow: the contract between ``cli.py sweep`` and ``cli.py compare``.
+
+``compare`` reads runs back from the tracking store alone (no private state), so a sweep launched as
+a SLURM job array and one launched on a laptop are reported the same way. Everything it needs is here:
+
+Parent run (one per sweep, in the sweep's experiment)
+    tags     ``ROLE = "parent"``, ``SWEEP_ID``
+    artifact ``PROTOCOL_FILE`` (JSON): ``{"sweep_id", "recipe", "variants": [{"label", "overrides"}],
+             "baseline": label, "seeds": [int, ...], "metric", "mode": "min"|"max",
+             "tune": null | {"key", "values", "steps", "seed", "reuse_seed_run", "rule"}, "fit_args": [...],
+             "steps": int | null}``
+    metrics  ``sweep/wall_s``, ``sweep/children_s``, ``sweep/parallel``, ``sweep/overhead_fraction``
+             (written when a local sweep ends)
+
+Child run (one per (variant, seed), plus the tuning runs); ``mlflow.parentRunId`` is the parent
+    tags     ``ROLE = "child"``, ``SWEEP_ID``, ``VARIANT`` (label), ``SEED`` (the seed value),
+             ``SEED_INDEX``, ``PHASE`` ("tune" or "seed"), ``CHILD_KEY`` (unique within the sweep),
+             ``TUNE_KEY`` and ``TUNE_VALUE`` (when tuning: the tuned key and this run's value),
+             ``FINAL = "true"`` on the runs that count as the variant's seed runs (seed-phase runs, and a
+             tuning run reused as seed 0 once its value was picked)
+    params   the run's fully resolved config, flattened (``model.init_args.lr``, ...), as every run has
+    metrics  what training logs: ``val/loss``, ``val/bpb`` (text), ``val/acc1`` (images), ``train/loss``,
+             ``train/tokens_per_s`` or ``train/images_per_s``, ``model/parameters``, ``train/items_per_step``
+
+A child run is done when its MLflow status is FINISHED; re-running the same sweep skips those.
+"""
+
+from __future__ import annotations
+
+PREFIX = "arch_lab.sweep."
+ROLE = PREFIX + "role"
+SWEEP_ID = PREFIX + "id"
+VARIANT = PREFIX + "variant"
+SEED = PREFIX + "seed"
+SEED_INDEX = PREFIX + "seed_index"
+PHASE = PREFIX + "phase"
+CHILD_KEY = PREFIX + "child"
+TUNE_KEY = PREFIX + "tune_key"
+TUNE_VALUE = PREFIX + "tune_value"
+FINAL = PREFIX + "final"
+PARENT_RUN = "mlflow.parentRunId"
+
+PROTOCOL_FILE = "protocol.json"
+REPORT_DIR = "report"  # the parent run's artifact folder for compare's Markdown and PNGs
+
+PARAMETERS_METRIC = "model/parameters"
+ITEMS_PER_STEP_METRIC = "train/items_per_step"
+THROUGHPUT_METRICS = ("train/tokens_per_s", "train/images_per_s", "train/samples_per_s")
+
+
+def metric_mode(metric: str) -> str:
+    """Whether lower ("min") or higher ("max") is better: losses, perplexities and bits go down."""
+    name = metric.rsplit("/", 1)[-1].lower()
+    return "max" if name.startswith(("acc", "top")) or name in ("f1", "auc", "auroc", "map") else "min"
