@@ -103,7 +103,7 @@ class ArchLabCLI(LightningCLI):
         return None if path in LIGHTNING_CHECKPOINT_NAMES else path
 
 
-DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans")
+DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans", "bytes_per_token")
 # --ckpt_path values that Lightning resolves itself (there is no file to check yet), or none at all.
 LIGHTNING_CHECKPOINT_NAMES = (None, "last", "best", "hpc")
 
@@ -132,11 +132,34 @@ def main(args: list[str] | None = None) -> LightningCLI | None:
         ArgumentParser(prog="cli.py plugins", description="List installed plugins.").parse_args(argv[1:])
         print_plugins()
         return
+    if argv[:1] in (["sweep"], ["compare"]):
+        # Rooms of their own: sweeps launch fits through this module; compare reads MLflow only.
+        if argv[0] == "sweep":
+            from lit.sweep.command import main as command
+        else:
+            from lit.compare.command import main as command
+        code = command(argv[1:])
+        if code:
+            sys.exit(code)
+        return
+    return _lightning_cli(args)
+
+
+def check_config(args: list[str]) -> None:
+    """Build what ``fit`` would (model, data, trainer) from ``args`` (no subcommand) and run nothing.
+
+    A sweep checks each variant this way before it spends compute: a user error ends in one line and
+    exit code 2, as in ``fit``.
+    """
+    _lightning_cli(args, run=False)
+
+
+def _lightning_cli(args: list[str] | None, run: bool = True) -> LightningCLI:
     try:
         return ArchLabCLI(
             LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
             save_config_callback=LogConfigToMLflow, trainer_defaults=trainer_defaults(),
-            parser_class=OneLineErrorParser, args=args,
+            parser_class=OneLineErrorParser, args=args, run=run,
         )
     except Exception as exc:
         cause = _user_error(exc)

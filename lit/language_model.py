@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
@@ -34,6 +36,8 @@ class LanguageModel(ArchitectureTask):
         compile: ``torch.compile`` each transformer block (recipes/trainer/compile.yaml).
         activation_checkpointing: recompute each block's activations in backward
             (recipes/trainer/activation_checkpointing.yaml).
+        bytes_per_token: linked from the DataModule; with it, validation logs ``val/bpb`` (bits per byte),
+            which compares models across tokenizers and vocabularies where nats per token do not.
     """
 
     def __init__(self, vocab_size: int = 65, block_size: int = 256, arch: TransformerConfig = TransformerConfig(),
@@ -41,7 +45,8 @@ class LanguageModel(ArchitectureTask):
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = None,
                  init_from: str | None = None, growth: Growth = Growth(),
-                 compile: bool = False, activation_checkpointing: bool = False):
+                 compile: bool = False, activation_checkpointing: bool = False,
+                 bytes_per_token: float | None = None):
         super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="tokens")
         # The resolved config is logged by the CLI; the logger need not log hparams a second time.
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
@@ -65,7 +70,11 @@ class LanguageModel(ArchitectureTask):
     def validation_step(self, batch, batch_idx: int) -> None:
         idx, targets = batch
         logits = self(idx)
-        self.log("val/loss", self._loss(logits, targets), prog_bar=True, sync_dist=True)
+        loss = self._loss(logits, targets)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        if self.hparams.bytes_per_token:
+            # nats per token -> bits per token -> bits per byte of the text those tokens encode.
+            self.log("val/bpb", loss / math.log(2) / self.hparams.bytes_per_token, sync_dist=True)
         self.val_ppl(logits.float(), targets)
         self.log("val/ppl", self.val_ppl)
 

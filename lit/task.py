@@ -32,9 +32,22 @@ class ArchitectureTask(L.LightningModule):
         super().__init__()
         self.compile_each_block, self.recompute_activations = compile, activation_checkpointing
         self.throughput, self.throughput_metric = StepRate(), f"train/{items}_per_s"
+        self._size_logged = False
 
     def log_training_step(self, loss: torch.Tensor, items: int) -> None:
-        """The metrics every task logs per training step: loss, learning rate, items/s over all processes."""
+        """The metrics every task logs per training step: loss, learning rate, items/s over all processes.
+
+        Once per fit it also logs the run's size facts that comparisons need (``cli.py compare`` turns
+        steps into tokens and reports parameters): ``model/parameters`` and ``train/items_per_step``.
+        """
+        if not self._size_logged:
+            self._size_logged = True
+            per_step = items * self.trainer.world_size * self.trainer.accumulate_grad_batches
+            # numel of an FSDP2 DTensor is the global count, so this is the whole model on any strategy.
+            facts = {"model/parameters": float(sum(p.numel() for p in self.parameters())),
+                     "train/items_per_step": float(per_step)}
+            for logger in self.loggers:
+                logger.log_metrics(facts, step=self.global_step)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         rate = self.throughput.tick(items * self.trainer.world_size)

@@ -21,12 +21,12 @@ class DigitsDataModule(ImageDataModule):
         batch_size: images per batch.
         val_fraction: share of the images held out for validation.
         split_seed: seed of the fixed train/val permutation.
-        mixup, cutmix, mix_prob, label_smoothing: see ``ImageDataModule``.
+        mixup, cutmix, mix_prob, label_smoothing, seed: see ``ImageDataModule``.
     """
 
     def __init__(self, batch_size: int = 64, val_fraction: float = 0.2, split_seed: int = 0, mixup: float = 0.0,
-                 cutmix: float = 0.0, mix_prob: float = 1.0, label_smoothing: float = 0.0):
-        super().__init__(mixup, cutmix, mix_prob, label_smoothing)
+                 cutmix: float = 0.0, mix_prob: float = 1.0, label_smoothing: float = 0.0, seed: int | None = None):
+        super().__init__(mixup, cutmix, mix_prob, label_smoothing, seed)
         if not 0 < val_fraction < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
         self.batch_size, self.val_fraction, self.split_seed = batch_size, val_fraction, split_seed

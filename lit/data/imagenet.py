@@ -40,14 +40,14 @@ class ImageFolderDataModule(ImageDataModule):
         color_jitter: colour jitter strength (timm ignores it when auto_augment is set).
         crop_pct: evaluation centre-crop fraction (resize to image_size / crop_pct, then crop).
         interpolation: resize interpolation.
-        mixup, cutmix, mix_prob, label_smoothing: see ``ImageDataModule``.
+        mixup, cutmix, mix_prob, label_smoothing, seed: see ``ImageDataModule``.
     """
 
     def __init__(self, root: str | None = None, image_size: int = 224, batch_size: int = 128, num_workers: int = 8,
                  auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25, color_jitter: float = 0.3,
                  crop_pct: float = 0.875, interpolation: str = "bicubic", mixup: float = 0.8, cutmix: float = 1.0,
-                 mix_prob: float = 1.0, label_smoothing: float = 0.1):
-        super().__init__(mixup, cutmix, mix_prob, label_smoothing)
+                 mix_prob: float = 1.0, label_smoothing: float = 0.1, seed: int | None = None):
+        super().__init__(mixup, cutmix, mix_prob, label_smoothing, seed)
         self.root = self._check_root(root)
         self.num_classes = len(_classes(self.root / "train"))
         self.image_size, self.in_chans = image_size, 3

@@ -21,14 +21,17 @@ class ImageDataModule(L.LightningDataModule):
         cutmix: CutMix alpha (0: off).
         mix_prob: probability of mixing a batch when mixup or cutmix is on.
         label_smoothing: smoothing of the training targets (with or without mixing).
+        seed: seed of the training order; None follows ``seed_everything`` (see ``lit.data.resumable``).
     """
 
     num_classes: int
     image_size: int
     in_chans: int
 
-    def __init__(self, mixup: float = 0.0, cutmix: float = 0.0, mix_prob: float = 1.0, label_smoothing: float = 0.0):
+    def __init__(self, mixup: float = 0.0, cutmix: float = 0.0, mix_prob: float = 1.0, label_smoothing: float = 0.0,
+                 seed: int | None = None):
         super().__init__()
+        self.seed = seed
         self.mixup, self.cutmix, self.mix_prob, self.label_smoothing = mixup, cutmix, mix_prob, label_smoothing
         self._mixer: Mixup | None = None
 

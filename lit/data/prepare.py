@@ -32,12 +32,15 @@ def prepare(inputs: list[str], tokenizer: str, out: str, name: str = "corpus", s
     if eot and eot_id is None:
         raise UserInputError(f"end-of-text token {eot!r} is not in the tokenizer's vocabulary")
     ids: list[int] = []
+    n_bytes = 0
     for path in inputs:
         if not Path(path).is_file():
             raise UserInputError(f"input file {path} not found")
         if eot_id is not None:
             ids.append(eot_id)  # document separator, as in the FineWeb shards
-        ids.extend(tok.encode(Path(path).read_text(encoding="utf-8")).ids)
+        text = Path(path).read_text(encoding="utf-8")
+        n_bytes += len(text.encode("utf-8"))
+        ids.extend(tok.encode(text).ids)
     vocab = tok.get_vocab_size()
     dtype = np.uint16 if vocab <= 2**16 else np.uint32
     tokens = np.asarray(ids, dtype=dtype)
@@ -49,7 +52,9 @@ def prepare(inputs: list[str], tokenizer: str, out: str, name: str = "corpus", s
     for i, start in enumerate(range(0, len(train), shard_tokens), start=1):
         write_shard(out_dir / f"{name}_train_{i:06d}.bin", train[start:start + shard_tokens], dtype)
     meta = {"vocab_size": vocab, "dtype": np.dtype(dtype).name, "tokenizer": str(Path(tokenizer).resolve()),
-            "train_tokens": int(len(train)), "val_tokens": int(n_val)}
+            "train_tokens": int(len(train)), "val_tokens": int(n_val),
+            # For val/bpb (bits per byte), which compares across tokenizers; the corpus average.
+            "bytes_per_token": n_bytes / max(1, len(tokens))}
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta
 

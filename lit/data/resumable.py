@@ -79,9 +79,15 @@ class ResumableSampler(DistributedSampler):
         return self.num_samples  # the whole epoch, also when resuming: Lightning counts batches per epoch
 
 
-def training_seed() -> int:
-    """The run's seed (``seed_everything`` exports it to every process), so the data order follows it too."""
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+def training_seed(datamodule=None) -> int:
+    """The seed of the training order: the DataModule's own ``seed`` (``--data.seed``) when it has one,
+    else the run's seed (``seed_everything`` exports it to every process).
+
+    A data seed apart from the init seed lets two architectures see the same batches in the same order
+    (paired comparisons), whatever each draws at init, and lets one vary init and order separately.
+    """
+    seed = getattr(datamodule, "seed", None)
+    return int(os.environ.get("PL_GLOBAL_SEED", 0)) if seed is None else int(seed)
 
 
 def batches_done_this_epoch(trainer) -> int:
@@ -95,7 +101,8 @@ def train_loader(datamodule, dataset: Dataset, batch_size: int, drop_last: bool 
     """The training DataLoader of a DataModule: this rank's share of the order, resumed mid-epoch if needed."""
     trainer = getattr(datamodule, "trainer", None)
     world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-    sampler = ResumableSampler(dataset, batch_size, world, rank, seed=training_seed(), drop_last=drop_last)
+    seed = training_seed(datamodule)
+    sampler = ResumableSampler(dataset, batch_size, world, rank, seed=seed, drop_last=drop_last)
     # Lightning warns that a mid-epoch resume loses the data position unless the DataLoader is stateful;
     # this one resumes through its sampler, so the warning would be wrong.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
@@ -104,5 +111,5 @@ def train_loader(datamodule, dataset: Dataset, batch_size: int, drop_last: bool 
         sampler.resume_at(done)
     # Its own generator: a DataLoader draws its workers' base seed from the global RNG at every new
     # iterator, which would shift dropout's random stream differently in a resumed run.
-    generator = torch.Generator().manual_seed(training_seed())
+    generator = torch.Generator().manual_seed(seed)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=generator, **loader_kwargs)

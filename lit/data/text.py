@@ -78,12 +78,19 @@ class TextDataModule(L.LightningDataModule):
         num_workers: DataLoader workers.
         prompt: the text that ``predict`` continues.
         num_samples: how many samples ``predict`` draws.
+        seed: seed of the training order; None follows ``seed_everything``. A sweep gives seed i the same
+            order in every variant, so their differences pair (see ``lit.data.resumable``).
+
+    ``bytes_per_token`` (a fact linked to the model, for ``val/bpb``) is the UTF-8 bytes per token of the
+    validation text, or ``meta.json``'s value for shards (``lit.data.prepare`` writes it); None if unknown.
     """
 
     def __init__(self, text_file: str | None = None, shards_dir: str | None = None,
                  vocab_size: int | None = None, block_size: int = 256, batch_size: int = 32,
-                 val_fraction: float = 0.1, num_workers: int = 0, prompt: str = "\n", num_samples: int = 1):
+                 val_fraction: float = 0.1, num_workers: int = 0, prompt: str = "\n", num_samples: int = 1,
+                 seed: int | None = None):
         super().__init__()
+        self.seed = seed
         if not 0 < val_fraction < 1:
             raise UserInputError(f"--data.val_fraction must be in (0, 1), got {val_fraction}")
         self.text_file, self.shards_dir = text_file, shards_dir
@@ -97,10 +104,17 @@ class TextDataModule(L.LightningDataModule):
             self.vocab_size = meta.get("vocab_size", vocab_size)
             if self.vocab_size is None:
                 raise UserInputError(f"{shards_dir} has no meta.json; pass --data.vocab_size")
+            self.bytes_per_token = meta.get("bytes_per_token")
         else:
             self.text = self._read_text()
             self.tokenizer = CharTokenizer(self.text)
             self.vocab_size = self.tokenizer.vocab_size
+            val_text = self.text[self._split_index(len(self.text)):]
+            self.bytes_per_token = len(val_text.encode("utf-8")) / max(1, len(val_text))
+
+    def _split_index(self, n_tokens: int) -> int:
+        """Where the validation split starts: the last ``val_fraction`` of the tokens (one token per character)."""
+        return int(n_tokens * (1 - self.val_fraction))
 
     def _read_text(self) -> str:
         if self.text_file is None:
@@ -117,7 +131,7 @@ class TextDataModule(L.LightningDataModule):
             self.val_set = TokenWindows(find_shards(self.shards_dir, "val"), self.block_size, self.shard_dtype)
             return
         tokens = torch.from_numpy(np.array(self.tokenizer.encode(self.text), dtype=np.int64))
-        split = int(len(tokens) * (1 - self.val_fraction))
+        split = self._split_index(len(tokens))
         self.train_set = _Windows(tokens[:split], self.block_size)
         self.val_set = _Windows(tokens[split:], self.block_size)
         if len(self.train_set) == 0 or len(self.val_set) == 0:
