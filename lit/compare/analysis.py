@@ -264,9 +264,11 @@ def depth_profile(sweep: Sweep, runs: pd.DataFrame) -> DepthProfile | None:
     profiles: dict[str, dict[str, pd.Series]] = {"first": {}, "last": {}}
     for end, rows in ends.items():
         rows = rows.assign(variant=rows["run_id"].map(variant_of))
-        for label, group in rows.groupby("variant", sort=False):
-            means = group.groupby("sublayer")["value"].mean()
-            profiles[end][label] = means.loc[sorted(means.index, key=sublayer_order)]
+        for label in variant_labels(sweep):  # the report's order, so that legends read alike
+            group = rows[rows["variant"] == label]
+            if not group.empty:
+                means = group.groupby("sublayer")["value"].mean()
+                profiles[end][label] = means.loc[sorted(means.index, key=sublayer_order)]
     return DepthProfile(first=profiles["first"], last=profiles["last"],
                         first_steps=tuple(sorted(set(ends["first"]["step"].astype(float)))),
                         last_steps=tuple(sorted(set(ends["last"]["step"].astype(float)))))

@@ -118,11 +118,17 @@ def _against_baseline(a: Analysis, d: int) -> str:
         return f"{title}\n\nNo other variant has a counted run: nothing to compare."
     confidence = f"{a.confidence:.0%} CI"
     tested = sum(c.p_adjusted is not None for c in a.comparisons)
-    method = (f"Per-seed differences (variant − baseline), runs paired by their seed; a two-sided paired t-test "
-              f"(`scipy.stats.ttest_rel`), its p-values Holm-adjusted over the {tested} tested comparisons of this "
-              f"report; a verdict needs an adjusted p below {a.alpha:.2g}. The {confidence} of the mean difference "
-              f"uses Student's t. {'Lower' if a.mode == 'min' else 'Higher'} `{a.metric}` is better, so a "
+    better = (f"{'Lower' if a.mode == 'min' else 'Higher'} `{a.metric}` is better, so a "
               f"{'negative' if a.mode == 'min' else 'positive'} difference favours the variant.")
+    if tested:
+        method = (f"Per-seed differences (variant − baseline), runs paired by their seed; a two-sided paired t-test "
+                  f"(`scipy.stats.ttest_rel`), its p-values Holm-adjusted over the {tested} tested comparisons of "
+                  f"this report; a verdict needs an adjusted p below {a.alpha:.2g}. The {confidence} of the mean "
+                  f"difference uses Student's t. {better}")
+    else:
+        method = ("Per-seed differences (variant − baseline), runs paired by their seed. No variant has ≥2 seeds in "
+                  "common with the baseline, so no paired t-test was run and no p-value is given: a single "
+                  f"difference carries no estimate of the noise it would have to beat. {better}")
     header = ["variant", "paired seeds", "mean difference", confidence, "p (paired t)", "p (Holm)", "verdict"]
     rows = []
     for c in a.comparisons:
