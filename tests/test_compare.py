@@ -56,7 +56,7 @@ def throughput(variant: str, seed: int) -> list[float]:
 
 
 def log_child(client, experiment_id, parent_id, sweep_id, variant, seed, metrics, *, final=True, phase="seed",
-              status="FINISHED", tune_value=None):
+              status="FINISHED", tune_value=None, start_time=None):
     from mlflow.entities import Metric
 
     tags = {protocol.ROLE: "child", protocol.SWEEP_ID: sweep_id, protocol.VARIANT: variant,
@@ -66,7 +66,7 @@ def log_child(client, experiment_id, parent_id, sweep_id, variant, seed, metrics
         tags[protocol.FINAL] = "true"
     if tune_value is not None:
         tags[protocol.TUNE_KEY], tags[protocol.TUNE_VALUE] = TUNE["key"], str(tune_value)
-    run = client.create_run(experiment_id, tags=tags, run_name=f"{variant}-{phase}-{seed}")
+    run = client.create_run(experiment_id, tags=tags, run_name=f"{variant}-{phase}-{seed}", start_time=start_time)
     points = [Metric(key, float(value), 1_700_000_000_000 + step, step) for key, series in metrics.items()
               for step, value in series]
     for i in range(0, len(points), 500):
@@ -104,6 +104,7 @@ def seed_metrics(variant, seed):
         for index, name in enumerate(SUBLAYERS):
             metrics[f"diag/stream_rms/{name}"] = [(s, stream_rms(variant, seed, index, s)) for s in (0, 400)]
         metrics["diag/spike_count"] = [(200, 0), (400, spikes(variant, seed))]
+        metrics["diag/grad_norm/layer00.attn"] = [(400, 1.0)]  # a diagnostic the report does not show
     return metrics
 
 
@@ -129,8 +130,10 @@ def store(tmp_path_factory):
         for seed in SEEDS:
             children[variant, seed] = log_child(client, main_exp, parent, sweep_id, variant, seed,
                                                 seed_metrics(variant, seed), tune_value=TUNED[variant])
-    # Left out of the numbers: a failed seed run, and an earlier finished run its re-run superseded.
+    # Left out of the numbers: a failed seed run, and an older finished run of (base, seed 0) that the run
+    # above superseded (its loss of 9 would move every number of the report).
     log_child(client, main_exp, parent, sweep_id, "same", 3, seed_metrics("same", 0), status="FAILED")
+    log_child(client, main_exp, parent, sweep_id, "base", 0, {"val/loss": [(400, 9.0)]}, start_time=1)
     ids.update(main=parent, child=children["fast", 1], sweep_id=sweep_id)
 
     single_exp = client.create_experiment("single", artifact_location=str(root / "artifacts-single"))
@@ -292,7 +295,8 @@ def test_header_states_the_protocol(loss_report):
     assert "`model.init_args.lr` over 0.001, 0.003 per variant, 100 steps at seed 0" in markdown
     assert "Budget: 2 runs per variant, 8 planned, 8 found" in markdown
     assert "Seed run reused: no" in markdown
-    assert "Counted: 12 FINISHED final runs (left out: 1 FAILED)" in markdown
+    assert ("Counted: 12 FINISHED final runs (left out: 1 FAILED, 1 superseded by a newer run of the same variant "
+            "and seed)") in markdown
 
 
 def test_figures_are_written_linked_and_logged_to_the_parent(loss_report, store):
@@ -310,6 +314,7 @@ def test_depth_profile_is_the_mean_over_seeds_in_stream_order(store):
 
     client = store["client"]
     sweep = load_sweep(client, find_parent(client, sweep_run_id=store["main"]))
+    assert "diag/grad_norm/layer00.attn" in sweep.logged and "diag/grad_norm/layer00.attn" not in set(sweep.history.key)
     depth = analyze(sweep, sweep.metric, None, 0.95).depth
     assert set(depth.first) == set(DEPTH_VARIANTS) and depth.first_steps == (0.0,) and depth.last_steps == (400.0,)
     for variant in DEPTH_VARIANTS:

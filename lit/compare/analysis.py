@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from lit.compare import stats
-from lit.compare.runs import Sweep, is_throughput_metric
+from lit.compare.runs import SPIKE_METRIC, STREAM_RMS_PREFIX, Sweep, is_throughput_metric
 from lit.errors import UserInputError
 from lit.sweep import protocol
 
 NEEDS_SEEDS = "needs ≥2 seeds for an interval"
 NEEDS_PAIRS = "needs ≥2 paired seeds for a test"
 NO_COMMON_SEED = "no seed in common with the baseline"
-SPIKE_METRIC = "diag/spike_count"
-STREAM_RMS_PREFIX = "diag/stream_rms/"
 # Sublayers in the order the residual stream passes them: embedding, then each block's attention and MLP.
 SUBLAYER = re.compile(r"^(?:embedding|layer(?P<block>\d{2})\.(?P<part>attn|mlp)|final)$")
 
@@ -100,9 +98,6 @@ class Analysis:
     @property
     def alpha(self) -> float:
         return 1 - self.confidence
-
-    def variant(self, label: str) -> VariantResult:
-        return next(v for v in self.variants if v.label == label)
 
 
 def metric_direction(spec: dict, metric: str) -> str:
@@ -198,7 +193,7 @@ def _with_relative_throughput(variant: VariantResult, base: VariantResult) -> Va
     comparable = (variant.throughput is not None and base.throughput and
                   variant.throughput_metric == base.throughput_metric)
     relative = variant.throughput / base.throughput if comparable else None
-    return VariantResult(**{**variant.__dict__, "relative_throughput": relative})
+    return replace(variant, relative_throughput=relative)
 
 
 def compare_to_baseline(variants: list[VariantResult], base: VariantResult, confidence: float,

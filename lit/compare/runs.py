@@ -29,7 +29,9 @@ LISTED = 10  # names shown in an error that lists what exists
 DEFAULT_METRIC = "val/loss"  # for a protocol that does not name its metric
 RUN_COLUMNS = ("run_id", "variant", "seed", "seed_index", "tune_value", "start_time")
 HISTORY_COLUMNS = ("run_id", "key", "step", "timestamp", "value")
-DIAG_PREFIX = "diag/"
+# Diagnostics the report shows (issue 12); other diag/* metrics (per-layer norms, ...) are not read.
+STREAM_RMS_PREFIX = "diag/stream_rms/"
+SPIKE_METRIC = "diag/spike_count"
 SYSTEM_PREFIX = "system/"
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
@@ -192,7 +194,7 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
 def is_supporting_metric(key: str) -> bool:
     """Metrics the report reads besides the compared one: size, throughput, batch size, diagnostics."""
     return (key in (protocol.PARAMETERS_METRIC, protocol.ITEMS_PER_STEP_METRIC) or is_throughput_metric(key)
-            or key.startswith(DIAG_PREFIX))
+            or key.startswith(STREAM_RMS_PREFIX) or key == SPIKE_METRIC)
 
 
 def is_throughput_metric(key: str) -> bool:
