@@ -34,11 +34,20 @@ def render(analysis: Analysis, figures: list[str]) -> str:
         sections.append("## Depth profile\n\nRMS of the residual stream after each sublayer "
                         "(`diag/stream_rms/*`), mean over seeds, at the first and the last step the runs logged "
                         f"it.\n\n![depth profile]({DEPTH})")
-    shown = [f"![{name}]({name})" for name in (CURVES, FOREST) if name in figures]
+    shown = [f"{caption}\n\n![{alt}]({name})" for name, (alt, caption) in _captions(analysis).items()
+             if name in figures]
     if shown:
         sections.append("## Figures\n\n" + "\n\n".join(shown))
     sections.append(_throughput_note(analysis))
     return "\n\n".join(sections) + "\n"
+
+
+def _captions(a: Analysis) -> dict[str, tuple[str, str]]:
+    """File name -> (alt text, caption) of the figures that are always drawn."""
+    return {CURVES: ("validation curves", f"`{a.metric}` against steps, mean ± std over seeds; the second panel "
+                                          "zooms in on the last quarter of training."),
+            FOREST: ("forest plot", f"Final `{a.metric}` per variant with its {a.confidence:.0%} CI and seeds "
+                                    f"(left); paired differences to `{a.baseline}` with their CI (right).")}
 
 
 def _header(a: Analysis) -> str:
