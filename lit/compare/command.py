@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lit.compare.analysis import analyze, untestable
+from lit.compare.analysis import Analysis, analyze, untestable
 from lit.compare.plots import draw_all
 from lit.compare.report import render
 from lit.compare.runs import connect, find_parent, load_sweep, resolve_tracking_uri
@@ -119,7 +119,7 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def require_tests(analysis) -> None:
+def require_tests(analysis: Analysis) -> None:
     """``--require_test``: a report without a test for some variant is an error instead of means only."""
     missing = untestable(analysis)
     if not analysis.comparisons:
