@@ -1,0 +1,236 @@
+"""A sweep read back from MLflow: its parent run, the protocol artifact, the final child runs and their histories.
+
+Nothing but the tracking store is read (the layout is ``lit/sweep/protocol.py``), so a sweep launched as a job
+array and one launched on a laptop give the same report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from lit.errors import UserInputError
+from lit.sweep import protocol
+from lit.tracking import DEFAULT_TRACKING_URI, absolute_sqlite
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
+LISTED = 10  # names shown in an error that lists what exists
+DEFAULT_METRIC = "val/loss"  # for a protocol that does not name its metric
+RUN_COLUMNS = ("run_id", "variant", "seed", "seed_index", "tune_value", "start_time")
+HISTORY_COLUMNS = ("run_id", "key", "step", "timestamp", "value")
+# Diagnostics the report shows (issue 12); other diag/* metrics (per-layer norms, ...) are not read.
+STREAM_RMS_PREFIX = "diag/stream_rms/"
+SPIKE_METRIC = "diag/spike_count"
+SYSTEM_PREFIX = "system/"
+PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What ``compare`` knows about a sweep: all of it comes from the tracking store.
+
+    ``runs`` has one row per counted seed run (FINISHED, tagged final; the newest one when a (variant, seed)
+    was run twice), ``history`` the metric histories of those runs in long format.
+    """
+
+    parent_id: str
+    experiment: str
+    protocol: dict[str, Any]
+    metric: str  # the one compared: --metric, else the protocol's
+    runs: pd.DataFrame
+    history: pd.DataFrame
+    logged: tuple[str, ...]  # every metric key some counted run logged (system metrics aside)
+    left_out: dict[str, int]  # MLflow status -> final runs not FINISHED, hence not counted
+    replaced: int  # FINISHED final runs of a (variant, seed) that a newer FINISHED run superseded
+    tune_runs: int  # tuning-phase child runs found, whatever their status
+
+    @property
+    def sweep_id(self) -> str:
+        return str(self.protocol.get("sweep_id") or self.parent_id)
+
+
+def resolve_tracking_uri(given: str | None, environ: dict[str, str]) -> str:
+    """The URI ``--tracking_uri`` names, else ``$MLFLOW_TRACKING_URI``, else the training default: the same
+    store training wrote to when launched from the same folder."""
+    return absolute_sqlite(given or environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+
+
+def connect(uri: str) -> MlflowClient:
+    """A client on ``uri``. A sqlite file that does not exist is an error: MLflow would silently create an
+    empty store and every later message would be about a missing experiment instead of a wrong path."""
+    from mlflow import MlflowClient
+
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and ":memory:" not in uri and not Path(uri[len(prefix):]).is_file():
+        raise UserInputError(f"no MLflow database at {uri[len(prefix):]}; pass --tracking_uri (or set "
+                             "MLFLOW_TRACKING_URI) to the store the sweep logged to")
+    return MlflowClient(uri)
+
+
+def find_parent(client: MlflowClient, experiment: str | None = None, sweep_run_id: str | None = None) -> Run:
+    """The sweep's parent run: the one named, or the most recently started one of ``experiment``."""
+    if sweep_run_id is not None:
+        return _named_parent(client, sweep_run_id)
+    found = client.get_experiment_by_name(experiment)
+    if found is None or found.lifecycle_stage == "deleted":
+        names = [e.name for e in client.search_experiments(max_results=LISTED, order_by=["last_update_time DESC"])]
+        listed = ", ".join(repr(n) for n in names) if names else "none"
+        raise UserInputError(f"no experiment named {experiment!r} in this tracking store (experiments: {listed}); "
+                             "pass one of them to --experiment, or --tracking_uri for another store")
+    parents = client.search_runs([found.experiment_id], f"tags.`{protocol.ROLE}` = 'parent'",
+                                 order_by=["attributes.start_time DESC"], max_results=1)
+    if not parents:
+        raise UserInputError(f"experiment {experiment!r} has no sweep parent run (tag {protocol.ROLE} = parent); "
+                             "launch a sweep with `python cli.py sweep`, or pass --sweep PARENT_RUN_ID")
+    return parents[0]
+
+
+def _named_parent(client: MlflowClient, run_id: str) -> Run:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise UserInputError(f"no MLflow run {run_id!r} in this tracking store; pass the run id of a sweep's "
+                             "parent run to --sweep (or --experiment NAME for its latest sweep)") from None
+    tags = run.data.tags
+    if tags.get(protocol.ROLE) != "parent":
+        # The id most often passed by mistake is a child's, copied from the UI: point at its parent.
+        hint = (f"; its parent run is {tags[protocol.PARENT_RUN]}" if tags.get(protocol.ROLE) == "child"
+                and protocol.PARENT_RUN in tags else "")
+        raise UserInputError(f"run {run_id} is not a sweep parent run (tag {protocol.ROLE} is "
+                             f"{tags.get(protocol.ROLE)!r}, expected 'parent'){hint}; pass a parent's run id to "
+                             "--sweep, or --experiment NAME for the latest sweep")
+    return run
+
+
+def read_protocol(client: MlflowClient, parent: Run) -> dict[str, Any]:
+    """The parent's ``protocol.json``: which variants, seeds, metric and tuning rule the sweep was run with."""
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
+        try:
+            path = client.download_artifacts(parent.info.run_id, protocol.PROTOCOL_FILE, tmp)
+            return json.loads(Path(path).read_text())
+        except (MlflowException, OSError, ValueError) as exc:
+            raise UserInputError(f"sweep parent run {parent.info.run_id} has no readable {protocol.PROTOCOL_FILE} "
+                                 f"artifact ({type(exc).__name__}); it was not written by `cli.py sweep`, or the "
+                                 "sweep did not get as far as starting") from None
+
+
+@contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """MLflow draws a progress bar on stderr for every download, even of a 1 kB file; compare's stderr is
+    kept for its one status or error line. MLflow reads the switch at each download."""
+    saved = os.environ.get(PROGRESS_BAR)
+    os.environ[PROGRESS_BAR] = "false"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(PROGRESS_BAR, None)
+        else:
+            os.environ[PROGRESS_BAR] = saved
+
+
+def search_all_runs(client: MlflowClient, experiment_id: str, filter_string: str) -> list[Run]:
+    """Every run matching ``filter_string``, across MLflow's pages (a wide sweep has more than a page)."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) -> Sweep:
+    """The sweep of ``parent``, with the histories of what the report shows for ``metric_of``
+    (default: the protocol's metric). Raises ``UserInputError`` when nothing can be reported."""
+    spec = read_protocol(client, parent)
+    metric = metric_of or spec.get("metric") or DEFAULT_METRIC
+    children = search_all_runs(client, parent.info.experiment_id,
+                               f"tags.`{protocol.PARENT_RUN}` = '{parent.info.run_id}'")
+    final = [r for r in children if r.data.tags.get(protocol.FINAL) == "true"]
+    finished = [r for r in final if r.info.status == "FINISHED"]
+    left_out: dict[str, int] = {}
+    for run in final:
+        if run.info.status != "FINISHED":
+            left_out[run.info.status] = left_out.get(run.info.status, 0) + 1
+    if not finished:
+        found = f"{len(final)} final child runs, none FINISHED ({_counts(left_out)})" if final else \
+            f"{len(children)} child runs, none tagged {protocol.FINAL} = true"
+        raise UserInputError(f"sweep {parent.info.run_id} has no FINISHED final child runs ({found}); let the "
+                             "sweep finish, or re-run it (`cli.py sweep` skips the runs already FINISHED)")
+    runs = _runs_table(finished)
+    kept = runs.drop_duplicates(["variant", "seed"], keep="last")
+    kept_ids = set(kept.run_id)
+    logged = sorted({k for r in finished if r.info.run_id in kept_ids for k in r.data.metrics
+                     if not k.startswith(SYSTEM_PREFIX)})
+    if metric not in logged:
+        raise UserInputError(f"no final run of sweep {parent.info.run_id} logged the metric {metric!r}; pass one "
+                             f"they logged to --metric: {', '.join(logged) or 'none'}")
+    wanted = {k for k in logged if k == metric or is_supporting_metric(k)}
+    keys_by_run = {r.info.run_id: sorted(wanted & set(r.data.metrics)) for r in finished if r.info.run_id in kept_ids}
+    return Sweep(parent_id=parent.info.run_id, experiment=_experiment_name(client, parent), protocol=spec,
+                 metric=metric, runs=kept.reset_index(drop=True), history=read_histories(client, keys_by_run),
+                 logged=tuple(logged), left_out=left_out, replaced=len(runs) - len(kept),
+                 tune_runs=sum(r.data.tags.get(protocol.PHASE) == "tune" for r in children))
+
+
+def is_supporting_metric(key: str) -> bool:
+    """Metrics the report reads besides the compared one: size, throughput, batch size, diagnostics."""
+    return (key in (protocol.PARAMETERS_METRIC, protocol.ITEMS_PER_STEP_METRIC) or is_throughput_metric(key)
+            or key.startswith(STREAM_RMS_PREFIX) or key == SPIKE_METRIC)
+
+
+def is_throughput_metric(key: str) -> bool:
+    return key in protocol.THROUGHPUT_METRICS or (key.startswith("train/") and key.endswith("_per_s"))
+
+
+def read_histories(client: MlflowClient, keys_by_run: dict[str, list[str]]) -> pd.DataFrame:
+    """Every logged point of each run's keys, long format: one request per (run, key), as MLflow serves them."""
+    rows = []
+    for run_id, keys in keys_by_run.items():
+        for key in keys:
+            rows.extend((run_id, key, m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key))
+    return pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+
+
+def _runs_table(runs: list[Run]) -> pd.DataFrame:
+    """One row per run, oldest first, so that keeping the last of a (variant, seed) keeps the newest."""
+    rows = []
+    for run in runs:
+        tags = run.data.tags
+        rows.append((run.info.run_id, tags.get(protocol.VARIANT, "?"), tags.get(protocol.SEED, "?"),
+                     _int_or_none(tags.get(protocol.SEED_INDEX)), tags.get(protocol.TUNE_VALUE),
+                     run.info.start_time or 0))
+    return pd.DataFrame(rows, columns=list(RUN_COLUMNS)).sort_values("start_time", kind="stable")
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _experiment_name(client: MlflowClient, run: Run) -> str:
+    return client.get_experiment(run.info.experiment_id).name
+
+
+def _counts(by_status: dict[str, int]) -> str:
+    return ", ".join(f"{status}: {n}" for status, n in sorted(by_status.items()))

@@ -1,0 +1,438 @@
+"""``cli.py compare`` against a real sqlite MLflow store written the way ``lit/sweep/protocol.py`` says.
+
+No training: the runs are written with MlflowClient, with metric values chosen so that one variant is clearly
+better, one clearly worse and one within the noise. Every number of the report is checked against numpy/scipy
+on the same values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from lit.compare import stats
+from lit.compare.command import main
+from lit.sweep import protocol
+
+STEPS = [0, 100, 200, 300, 400]
+SEEDS = [0, 1, 2]
+FINALS = {  # variant -> final val/loss per seed
+    "base": [3.300, 3.320, 3.310],
+    "fast": [3.250, 3.281, 3.262],
+    "same": [3.306, 3.322, 3.303],
+    "slow": [3.360, 3.375, 3.372],
+}
+START_EXCESS = 6.0  # the loss at step 0 sits this far above the final one
+PARAMETERS = {"base": 1_000_000, "fast": 1_100_000, "same": 1_000_000, "slow": 900_000}
+RATE = {"base": 1000.0, "fast": 800.0, "same": 1010.0, "slow": 1200.0}  # tokens/s around which runs log
+ITEMS_PER_STEP = 4096
+SUBLAYERS = ["embedding", "layer00.attn", "layer00.mlp", "layer01.attn", "layer01.mlp", "final"]
+DEPTH_VARIANTS = ("base", "fast")
+TUNE = {"key": "model.init_args.lr", "values": [0.001, 0.003], "steps": 100, "seed": 0, "reuse_seed_run": False,
+        "rule": "lowest val/loss at the tuning run's last step"}
+TUNED = {"base": "0.003", "fast": "0.001", "same": "0.003", "slow": "0.001"}
+
+
+def loss_curve(final: float) -> list[float]:
+    """A falling curve, steep early: the first point is far above the rest, as in training."""
+    return [final + START_EXCESS * (1 - s / STEPS[-1]) ** 2 for s in STEPS]
+
+
+def spikes(variant: str, seed: int) -> int:
+    return {"base": 1, "fast": 0}[variant] + seed
+
+
+def stream_rms(variant: str, seed: int, index: int, step: int) -> float:
+    return (1 + index) * (1.5 if variant == "fast" else 1.0) * (1 + step / 400) + 0.1 * seed
+
+
+def throughput(variant: str, seed: int) -> list[float]:
+    # A slow first (compiling) step the median must ignore.
+    return [RATE[variant] * 0.1] + [RATE[variant] * (1 + 0.01 * seed) + d for d in (-5, 0, 5, 10)]
+
+
+def log_child(client, experiment_id, parent_id, sweep_id, variant, seed, metrics, *, final=True, phase="seed",
+              status="FINISHED", tune_value=None, start_time=None):
+    from mlflow.entities import Metric
+
+    tags = {protocol.ROLE: "child", protocol.SWEEP_ID: sweep_id, protocol.VARIANT: variant,
+            protocol.SEED: str(seed), protocol.SEED_INDEX: str(seed), protocol.PHASE: phase,
+            protocol.CHILD_KEY: f"{variant}/{phase}/{seed}/{tune_value}", protocol.PARENT_RUN: parent_id}
+    if final:
+        tags[protocol.FINAL] = "true"
+    if tune_value is not None:
+        tags[protocol.TUNE_KEY], tags[protocol.TUNE_VALUE] = TUNE["key"], str(tune_value)
+    run = client.create_run(experiment_id, tags=tags, run_name=f"{variant}-{phase}-{seed}", start_time=start_time)
+    points = [Metric(key, float(value), 1_700_000_000_000 + step, step) for key, series in metrics.items()
+              for step, value in series]
+    for i in range(0, len(points), 500):
+        client.log_batch(run.info.run_id, metrics=points[i:i + 500])
+    client.set_terminated(run.info.run_id, status=status)
+    return run.info.run_id
+
+
+def log_parent(client, experiment_id, sweep_id, spec):
+    parent = client.create_run(experiment_id, tags={protocol.ROLE: "parent", protocol.SWEEP_ID: sweep_id},
+                               run_name=f"sweep-{sweep_id}")
+    client.log_text(parent.info.run_id, json.dumps(spec), protocol.PROTOCOL_FILE)
+    client.set_terminated(parent.info.run_id)
+    return parent.info.run_id
+
+
+def protocol_spec(sweep_id, variants, seeds, metric="val/loss", tune=TUNE):
+    return {"sweep_id": sweep_id, "recipe": "recipes/gpt_tiny.yaml",
+            "variants": [{"label": v, "overrides": [f"--model.init_args.norm={v}"]} for v in variants],
+            "baseline": variants[0], "seeds": seeds, "metric": metric, "mode": protocol.metric_mode(metric),
+            "tune": tune, "fit_args": [], "steps": STEPS[-1]}
+
+
+def seed_metrics(variant, seed):
+    losses = loss_curve(FINALS[variant][seed])
+    metrics = {
+        "val/loss": list(zip(STEPS, losses, strict=True)),
+        "val/acc1": [(s, 10 - v) for s, v in zip(STEPS, losses, strict=True)],  # the mirror: higher is better
+        "val/acc5": list(zip(STEPS, losses, strict=True)),  # loss numbers under a higher-is-better name
+        "train/tokens_per_s": list(enumerate(throughput(variant, seed), start=1)),
+        protocol.PARAMETERS_METRIC: [(0, PARAMETERS[variant])],
+        protocol.ITEMS_PER_STEP_METRIC: [(0, ITEMS_PER_STEP)],
+    }
+    if variant in DEPTH_VARIANTS:
+        for index, name in enumerate(SUBLAYERS):
+            metrics[f"diag/stream_rms/{name}"] = [(s, stream_rms(variant, seed, index, s)) for s in (0, 400)]
+        metrics["diag/spike_count"] = [(200, 0), (400, spikes(variant, seed))]
+        metrics["diag/grad_norm/layer00.attn"] = [(400, 1.0)]  # a diagnostic the report does not show
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One sqlite store for the whole module (creating MLflow's tables takes seconds): the main sweep, a
+    one-seed sweep, an unfinished one, and an experiment without any sweep."""
+    from mlflow import MlflowClient
+
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    ids = {}
+
+    main_exp = client.create_experiment("norms", artifact_location=str(root / "artifacts-norms"))
+    sweep_id = "a1b2c3d4e5f6"
+    parent = log_parent(client, main_exp, sweep_id, protocol_spec(sweep_id, list(FINALS), SEEDS))
+    children = {}
+    for variant in FINALS:
+        for value in TUNE["values"]:
+            log_child(client, main_exp, parent, sweep_id, variant, TUNE["seed"], {"val/loss": [(100, 4.0)]},
+                      final=False, phase="tune", tune_value=value)
+        for seed in SEEDS:
+            children[variant, seed] = log_child(client, main_exp, parent, sweep_id, variant, seed,
+                                                seed_metrics(variant, seed), tune_value=TUNED[variant])
+    # Left out of the numbers: a failed seed run, and an older finished run of (base, seed 0) that the run
+    # above superseded (its loss of 9 would move every number of the report).
+    log_child(client, main_exp, parent, sweep_id, "same", 3, seed_metrics("same", 0), status="FAILED")
+    log_child(client, main_exp, parent, sweep_id, "base", 0, {"val/loss": [(400, 9.0)]}, start_time=1)
+    ids.update(main=parent, child=children["fast", 1], sweep_id=sweep_id)
+
+    single_exp = client.create_experiment("single", artifact_location=str(root / "artifacts-single"))
+    single = log_parent(client, single_exp, "single0001", protocol_spec("single0001", ["base", "fast"], [0],
+                                                                        tune=None))
+    for variant in ("base", "fast"):
+        log_child(client, single_exp, single, "single0001", variant, 0, seed_metrics(variant, 0))
+    ids["single"] = single
+
+    unfinished_exp = client.create_experiment("unfinished", artifact_location=str(root / "artifacts-unfinished"))
+    unfinished = log_parent(client, unfinished_exp, "unfin0001", protocol_spec("unfin0001", ["base"], [0, 1]))
+    log_child(client, unfinished_exp, unfinished, "unfin0001", "base", 0, seed_metrics("base", 0), status="FAILED")
+    log_child(client, unfinished_exp, unfinished, "unfin0001", "base", 1, seed_metrics("base", 1), status="RUNNING")
+
+    plain_exp = client.create_experiment("plain", artifact_location=str(root / "artifacts-plain"))
+    client.set_terminated(client.create_run(plain_exp).info.run_id)
+    return {"uri": uri, "client": client, "root": root, **ids}
+
+
+@pytest.fixture
+def run_compare(store, tmp_path, monkeypatch, capsys):
+    """``main([...])`` on the store, from an empty working folder; returns (exit code, stdout, stderr lines)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    def run(*args):
+        code = main([*args, "--tracking_uri", store["uri"]])
+        captured = capsys.readouterr()
+        return code, captured.out, [line for line in captured.err.splitlines() if line.strip()]
+
+    return run
+
+
+# --- reading the report back -------------------------------------------------------------------------------------
+
+
+def table(markdown: str, heading: str) -> dict[str, dict[str, str]]:
+    """The table of the section whose heading starts with ``heading``, as {first cell: {column: cell}}."""
+    section = markdown[markdown.index(heading):].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split(" | ")]
+            for line in section.splitlines() if line.startswith("|")]
+    header, body = rows[0], rows[2:]
+    return {row[0].removesuffix(" (baseline)"): dict(zip(header, row, strict=True)) for row in body}
+
+
+def numbers(cell: str) -> list[float]:
+    return [float(x.replace(",", "")) for x in re.findall(r"[-+]?\d[\d,]*\.?\d*(?:e[-+]?\d+)?", cell)]
+
+
+def assert_printed(cell: str, expected: float, relative: float = 0.0):
+    """The printed number equals ``expected`` to the decimals it was printed with."""
+    (value,) = numbers(cell)
+    decimals = len(cell.split(".")[1].rstrip("×")) if "." in cell and "e" not in cell else 0
+    tolerance = max(0.5 * 10 ** -decimals * (1 + 1e-9), relative * abs(expected))
+    assert abs(value - expected) <= tolerance, (cell, expected)
+
+
+def pair(cell: str) -> tuple[str, str]:
+    low, high = cell.strip("[]").split(", ")
+    return low, high
+
+
+def hand_interval(values, confidence=0.95):
+    values = np.asarray(values)
+    half = scipy_stats.t.ppf((1 + confidence) / 2, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+    return values.mean() - half, values.mean() + half
+
+
+def hand_holm(p):
+    order = np.argsort(p)
+    adjusted, running = np.empty(len(p)), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+# --- the report --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loss_report(store, tmp_path_factory):
+    """The report on val/loss, run once for the tests that read it."""
+    out = tmp_path_factory.mktemp("report")
+    code = main(["--experiment", "norms", "--tracking_uri", store["uri"], "--out", str(out)])
+    assert code == 0
+    return (out / "report.md").read_text(), out
+
+
+def test_variant_table_matches_a_computation_by_hand(loss_report):
+    markdown, _ = loss_report
+    rows = table(markdown, "## Variants")
+    assert list(rows) == list(FINALS)
+    for variant, finals in FINALS.items():
+        row = rows[variant]
+        assert row["seeds"] == "3"
+        mean, std = row["mean ± std"].split(" ± ")
+        assert_printed(mean, np.mean(finals))
+        assert_printed(std, np.std(finals, ddof=1))
+        low, high = pair(row["95% CI"])
+        assert_printed(low, hand_interval(finals)[0])
+        assert_printed(high, hand_interval(finals)[1])
+        assert row[f"tuned `{TUNE['key']}`"] == TUNED[variant]
+        assert row["parameters"] == f"{PARAMETERS[variant]:,}"
+        rate = np.mean([np.median(throughput(variant, s)) for s in SEEDS])
+        base_rate = np.mean([np.median(throughput("base", s)) for s in SEEDS])
+        assert_printed(row["throughput vs baseline"], rate / base_rate)
+    assert_printed(rows["base"]["spikes (final, mean)"], np.mean([spikes("base", s) for s in SEEDS]))
+    assert_printed(rows["fast"]["spikes (final, mean)"], np.mean([spikes("fast", s) for s in SEEDS]))
+    assert rows["same"]["spikes (final, mean)"] == "—"
+
+
+def test_paired_tests_holm_and_verdicts_match_scipy(loss_report):
+    markdown, _ = loss_report
+    rows = table(markdown, "## Against the baseline")
+    others = [v for v in FINALS if v != "base"]
+    p = np.array([scipy_stats.ttest_rel(FINALS[v], FINALS["base"]).pvalue for v in others])
+    adjusted = hand_holm(p)
+    for variant, p_raw, p_holm in zip(others, p, adjusted, strict=True):
+        row = rows[variant]
+        differences = np.subtract(FINALS[variant], FINALS["base"])
+        assert row["paired seeds"] == "3"
+        assert_printed(row["mean difference"], differences.mean())
+        low, high = pair(row["95% CI"])
+        assert_printed(low, hand_interval(differences)[0])
+        assert_printed(high, hand_interval(differences)[1])
+        assert_printed(row["p (paired t)"], p_raw, relative=5e-3)
+        assert_printed(row["p (Holm)"], p_holm, relative=5e-3)
+    assert rows["fast"]["verdict"] == "better"
+    assert rows["slow"]["verdict"] == "worse"
+    assert rows["same"]["verdict"] == "not distinguishable at this noise"
+    assert "scipy.stats.ttest_rel" in markdown and "Holm-adjusted over the 3 tested comparisons" in markdown
+    floor = re.search(r"std of ([\d.]+); the 95% CI of a paired difference has a half-width of ([\d.]+)", markdown)
+    assert_printed(floor[1], np.std(FINALS["base"], ddof=1))
+    half_widths = [np.diff(hand_interval(np.subtract(FINALS[v], FINALS["base"])))[0] / 2 for v in others]
+    assert_printed(floor[2], np.median(half_widths))
+
+
+def test_steps_to_the_baseline_final_value_and_speedup(loss_report):
+    markdown, _ = loss_report
+    rows = table(markdown, "## Steps to the baseline's final")
+    target = np.mean(FINALS["base"])
+    for variant in ("base", "fast"):
+        curve = np.mean([loss_curve(f) for f in FINALS[variant]], axis=0)
+        # The curves fall monotonically, so the crossing is np.interp on the reversed curve.
+        step = np.interp(target, curve[::-1], STEPS[::-1])
+        assert_printed(rows[variant]["step"], step)
+        assert_printed(rows[variant]["tokens"], step * ITEMS_PER_STEP, relative=1e-3)
+        assert_printed(rows[variant]["speedup"], STEPS[-1] / step)
+    assert rows["base"]["speedup"] == "1.00×"
+    assert rows["slow"]["step"] == "not reached" and rows["slow"]["speedup"] == "—"
+
+
+def test_header_states_the_protocol(loss_report):
+    markdown, _ = loss_report
+    assert "`recipes/gpt_tiny.yaml`, 400 training steps per run" in markdown
+    assert "Seeds: 0, 1, 2 (3 per variant)" in markdown
+    assert "`val/loss`, lower is better" in markdown
+    assert "`model.init_args.lr` over 0.001, 0.003 per variant, 100 steps at seed 0" in markdown
+    assert "Budget: 2 runs per variant, 8 planned, 8 found" in markdown
+    assert "Seed run reused: no" in markdown
+    assert ("Counted: 12 FINISHED final runs (left out: 1 FAILED, 1 superseded by a newer run of the same variant "
+            "and seed)") in markdown
+
+
+def test_figures_are_written_linked_and_logged_to_the_parent(loss_report, store):
+    markdown, out = loss_report
+    for name in ("curves.png", "forest.png", "depth.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+        assert f"]({name})" in markdown
+    logged = {a.path for a in store["client"].list_artifacts(store["main"], protocol.REPORT_DIR)}
+    assert logged == {f"{protocol.REPORT_DIR}/{n}" for n in ("report.md", "curves.png", "forest.png", "depth.png")}
+
+
+def test_depth_profile_is_the_mean_over_seeds_in_stream_order(store):
+    from lit.compare.analysis import analyze
+    from lit.compare.runs import find_parent, load_sweep
+
+    client = store["client"]
+    sweep = load_sweep(client, find_parent(client, sweep_run_id=store["main"]))
+    assert "diag/grad_norm/layer00.attn" in sweep.logged and "diag/grad_norm/layer00.attn" not in set(sweep.history.key)
+    depth = analyze(sweep, sweep.metric, None, 0.95).depth
+    assert set(depth.first) == set(DEPTH_VARIANTS) and depth.first_steps == (0.0,) and depth.last_steps == (400.0,)
+    for variant in DEPTH_VARIANTS:
+        assert list(depth.last[variant].index) == SUBLAYERS
+        expected = [np.mean([stream_rms(variant, s, i, 400) for s in SEEDS]) for i in range(len(SUBLAYERS))]
+        np.testing.assert_allclose(depth.last[variant].to_numpy(), expected)
+
+
+def test_stdout_is_the_report_and_default_out_folder(run_compare, tmp_path, store):
+    code, out, err = run_compare("--sweep", store["main"])
+    assert code == 0
+    written = tmp_path / "compare" / store["sweep_id"][:8] / "report.md"
+    assert written.read_text() == out
+    assert len(err) == 1 and not err[0].startswith("error:")
+
+
+def test_higher_is_better_metric_keeps_the_better_variant_better(run_compare):
+    """val/acc1 = 10 - loss: every difference changes sign, the verdicts and the speedups must not."""
+    code, markdown, _ = run_compare("--experiment", "norms", "--metric", "val/acc1")
+    assert code == 0
+    rows = table(markdown, "## Against the baseline")
+    assert rows["fast"]["verdict"] == "better" and rows["slow"]["verdict"] == "worse"
+    assert_printed(rows["fast"]["mean difference"], -np.mean(np.subtract(FINALS["fast"], FINALS["base"])))
+    assert "`val/acc1`, higher is better" in markdown and "a positive difference favours the variant" in markdown
+    targets = table(markdown, "## Steps to the baseline's final")
+    curve = np.mean([loss_curve(f) for f in FINALS["fast"]], axis=0)
+    step = np.interp(np.mean(FINALS["base"]), curve[::-1], STEPS[::-1])
+    assert_printed(targets["fast"]["step"], step)
+    assert targets["slow"]["step"] == "not reached"
+
+
+def test_higher_is_better_flips_the_verdict_on_the_same_numbers(run_compare):
+    """val/acc5 carries the loss numbers: the lower "fast" must now be worse, the higher "slow" better."""
+    code, markdown, _ = run_compare("--experiment", "norms", "--metric", "val/acc5")
+    assert code == 0
+    rows = table(markdown, "## Against the baseline")
+    assert rows["fast"]["verdict"] == "worse" and rows["slow"]["verdict"] == "better"
+    assert rows["same"]["verdict"] == "not distinguishable at this noise"
+    targets = table(markdown, "## Steps to the baseline's final")
+    assert targets["slow"]["step"] == "0"  # a higher-is-better curve above the target from its first point
+    assert targets["fast"]["step"] == "0"
+
+
+def test_another_baseline_and_confidence(run_compare):
+    code, markdown, _ = run_compare("--experiment", "norms", "--baseline", "fast", "--confidence", "0.9")
+    assert code == 0
+    rows = table(markdown, "## Variants")
+    low, high = pair(rows["slow"]["90% CI"])
+    assert_printed(low, hand_interval(FINALS["slow"], 0.9)[0])
+    assert set(table(markdown, "## Against the baseline")) == {"base", "same", "slow"}
+
+
+def test_one_seed_gives_means_without_a_p_value(run_compare, store):
+    code, markdown, _ = run_compare("--sweep", store["single"])
+    assert code == 0
+    variants = table(markdown, "## Variants")
+    assert variants["fast"]["95% CI"] == "needs ≥2 seeds for an interval"
+    assert_printed(variants["fast"]["mean ± std"], FINALS["fast"][0])
+    row = table(markdown, "## Against the baseline")["fast"]
+    assert row["p (paired t)"] == "—" and row["p (Holm)"] == "—"
+    assert row["verdict"] == "needs ≥2 paired seeds for a test"
+    assert "needs ≥2 seeds for an interval" in markdown.split("**Noise floor:**")[1]
+    assert "Tuning: none" in markdown
+
+
+# --- errors: one line, exit code 2 -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--experiment", "nope"], ["no experiment named 'nope'", "'norms'", "'single'"]),
+    (["--experiment", "plain"], ["has no sweep parent run"]),
+    (["--sweep", "0123456789abcdef"], ["no MLflow run '0123456789abcdef'"]),
+    (["--experiment", "norms", "--metric", "val/nope"], ["'val/nope'", "val/acc1", "val/loss", "model/parameters"]),
+    (["--experiment", "norms", "--baseline", "nope"], ["'nope' is not a variant", "base, fast, same, slow"]),
+    (["--experiment", "unfinished"], ["no FINISHED final child runs", "FAILED: 1", "RUNNING: 1"]),
+    (["--experiment", "single", "--require_test"], ["--require_test", "paired seeds fast: 1"]),
+    (["--experiment", "norms", "--confidence", "95"], ["between 0 and 1"]),
+    ([], ["one of the arguments --experiment --sweep is required"]),
+])
+def test_user_errors_are_one_line(run_compare, args, says):
+    code, out, err = run_compare(*args)
+    assert code == 2 and out == ""
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    for text in says:
+        assert text in err[0]
+
+
+def test_a_child_run_id_points_at_its_parent(run_compare, store):
+    code, _, err = run_compare("--sweep", store["child"])
+    assert code == 2 and len(err) == 1
+    assert "is not a sweep parent run" in err[0] and f"its parent run is {store['main']}" in err[0]
+
+
+def test_a_missing_database_is_not_created(tmp_path, capsys):
+    missing = tmp_path / "elsewhere.db"
+    assert main(["--experiment", "norms", "--tracking_uri", f"sqlite:///{missing}"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: no MLflow database at {missing}")
+    assert not missing.exists()
+
+
+def test_help_explains_the_command(capsys):
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for words in ("--experiment", "--sweep", "--require_test", "Holm", "report/"):
+        assert words in text
+
+
+# --- the statistics on their own ---------------------------------------------------------------------------------
+
+
+def test_holm_matches_its_definition():
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    p = np.random.default_rng(0).uniform(0, 0.2, 7)
+    np.testing.assert_allclose(stats.holm(list(p)), hand_holm(p))
+
+
+def test_step_reaching_interpolates_in_both_directions():
+    assert stats.step_reaching([0, 100, 200], [5.0, 3.0, 2.0], 2.5, "min") == pytest.approx(150)
+    assert stats.step_reaching([0, 100, 200], [0.1, 0.5, 0.9], 0.7, "max") == pytest.approx(150)
+    assert stats.step_reaching([0, 100], [5.0, 4.0], 3.0, "min") is None
