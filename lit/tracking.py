@@ -85,7 +85,7 @@ class MLflowLogger(MLFlowLogger):
     """
 
     def __init__(self, experiment_name: str = "arch-lab", run_name: str | None = None,
-                 tracking_uri: str | None = None, tags: dict[str, Any] | None = None, save_dir: str = "runs",
+                 tracking_uri: str | None = None, tags: dict[str, str] | None = None, save_dir: str = "runs",
                  log_model: Literal[True, False, "all"] = False, artifact_location: str | None = None,
                  run_id: str | None = None, synchronous: bool | None = False, system_metrics: bool = True,
                  system_metrics_interval: float = 10.0):

@@ -20,7 +20,8 @@ class RecordBatches(L.Callback):
         inputs = batch[0]
         # Positions weighted by index: a permutation of the same tokens does not give the same checksum.
         weights = torch.arange(1, inputs.numel() + 1, dtype=torch.float64)
-        line = {"seed": os.environ.get("PL_GLOBAL_SEED"), "norm": pl_module.hparams.arch.norm,
+        arch = pl_module.hparams.arch  # a TransformerConfig, or its dict once it went through a checkpoint
+        line = {"seed": os.environ.get("PL_GLOBAL_SEED"), "norm": arch["norm"] if isinstance(arch, dict) else arch.norm,
                 "lr": pl_module.hparams.lr, "step": trainer.global_step,
                 "checksum": float((inputs.flatten().double() * weights).sum())}
         folder = Path(os.environ["ARCH_LAB_RECORD_BATCHES"])

@@ -436,3 +436,15 @@ def test_step_reaching_interpolates_in_both_directions():
     assert stats.step_reaching([0, 100, 200], [5.0, 3.0, 2.0], 2.5, "min") == pytest.approx(150)
     assert stats.step_reaching([0, 100, 200], [0.1, 0.5, 0.9], 0.7, "max") == pytest.approx(150)
     assert stats.step_reaching([0, 100], [5.0, 4.0], 3.0, "min") is None
+
+
+def test_a_tuned_value_at_the_edge_of_the_grid_is_flagged():
+    from types import SimpleNamespace
+
+    from lit.compare.report import _at_grid_edge
+
+    grid = SimpleNamespace(protocol={"tune": {"values": ["1e-3", "3e-3", "1e-2"]}})
+    # Tags may carry the value rewritten (0.01 for 1e-2): compared as numbers.
+    assert _at_grid_edge(grid, "0.01") and _at_grid_edge(grid, "1e-3") and not _at_grid_edge(grid, "0.003")
+    assert not _at_grid_edge(SimpleNamespace(protocol={"tune": {"values": ["1e-3", "1e-2"]}}), "0.01")  # no inside
+    assert not _at_grid_edge(SimpleNamespace(protocol={"tune": None}), None)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from lit.cli import main
 from lit.errors import UserInputError
 from lit.sweep import protocol as P
 from lit.sweep.grid import build_children, build_variants, find_baseline, parse_variant, split_top_level
@@ -219,28 +220,41 @@ def test_slurm_with_tuning_starts_the_seeds_after_the_tuning_array(tmp_path):
 @pytest.mark.parametrize("args, expected", [
     (["--vary", "model.arch.nosuch=1,2"], "variant nosuch=1: "),
     (["--vary", "model.arch.norm=rmsnorm,rmsnrom"], "variant norm=rmsnrom: unknown norm 'rmsnrom'"),
+])
+def test_a_key_or_value_the_recipe_rejects_is_one_line_before_anything_trains(tmp_path, args, expected):
+    out = sweep(tmp_path, "--config", BASELINE, *args, *TINY, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+    assert runs_of(client_for(tmp_path), "sweep-gpt_baseline")[1] == []  # no run trained
+
+
+@pytest.mark.parametrize("args, expected", [
     (["--vary", "model.arch.norm"], "--vary 'model.arch.norm' is not KEY=VALUE"),
     (["--vary", "model.arch.norm=a,a"], "repeats a value"),
     (["--vary", "model.arch.norm=rmsnorm,dyt", "--tune", "model.lr=1e-3"], "has one value"),
     (["--vary", "model.lr=1e-3,1e-2", "--tune", "model.lr=1e-3,1e-2"], "both varied and tuned"),
     (["--vary", "model.arch.norm=rmsnorm,dyt", "--baseline", "model.arch.norm=perinorm"], "matches no variant"),
     (["--vary", "model.arch.norm=rmsnorm,dyt", "--seeds", "0"], "--seeds must be at least 1"),
+    (["--vary", "model.arch.norm=rmsnorm,dyt", "--tune_steps", "5"], "--tune_steps needs --tune"),
+    (["--vary", "model.arch.norm=rmsnorm,dyt", "-x"], "fit options are --key=value"),
     ([], "a sweep needs something to vary"),
 ])
-def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, expected):
-    out = sweep(tmp_path, "--config", BASELINE, *args, *TINY, check=False)
-    assert out.returncode == 2, out.stdout + out.stderr
-    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and expected in errors[0], out.stderr
-    assert "Traceback" not in out.stderr
-    client = client_for(tmp_path)
-    if client.get_experiment_by_name("sweep-gpt_baseline") is not None:  # no run trained
-        assert runs_of(client, "sweep-gpt_baseline")[1] == []
+def test_bad_options_are_one_line_and_exit_code_2(workdir, capsys, args, expected):
+    # These are refused before the sweep touches the store or forks, so they can run in this process.
+    with pytest.raises(SystemExit) as e:
+        main(["sweep", "--config", BASELINE, *args, *TINY])
+    assert e.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0]
+    assert not (workdir / "mlflow.db").exists()
 
 
-def test_a_missing_recipe_is_one_line(tmp_path):
-    out = sweep(tmp_path, "--config", "nope.yaml", "--vary", "model.arch.norm=a,b", check=False)
-    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith("error: recipe nope.yaml not found")
+def test_a_missing_recipe_is_one_line(workdir, capsys):
+    with pytest.raises(SystemExit):
+        main(["sweep", "--config", "nope.yaml", "--vary", "model.arch.norm=a,b"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: recipe nope.yaml not found")
 
 
 def test_help_explains_the_command():

@@ -107,9 +107,11 @@ def _variants(a: Analysis, d: int) -> str:
     spikes = any(v.spike_count is not None for v in a.variants)
     header = ["variant", "seeds", "mean ± std", confidence, tuned, "parameters", "throughput vs baseline"]
     header += ["spikes (final, mean)"] if spikes else []
-    rows = []
+    rows, at_edge = [], []
     for v in a.variants:
         name = f"{v.label} (baseline)" if v.label == a.baseline else v.label
+        if _at_grid_edge(a, v.tuned):
+            at_edge.append(v.label)
         if v.summary is None:
             rows.append([name, "0", DASH, DASH, v.tuned or DASH, DASH, DASH] + ([DASH] if spikes else []))
             continue
@@ -118,7 +120,23 @@ def _variants(a: Analysis, d: int) -> str:
         row = [name, str(s.n), spread, _interval(s.interval, d) if s.interval else NEEDS_SEEDS, v.tuned or DASH,
                _count(v.parameters), _ratio(v.relative_throughput)]
         rows.append(row + ([_number(v.spike_count, 2)] if spikes else []))
-    return "## Variants\n\n" + _table(header, rows)
+    edge = ""
+    if at_edge:
+        edge = (f"\n\n**At the edge of the tuning grid:** {', '.join(at_edge)} picked the smallest or largest value "
+                "tried; its best value may lie outside the grid, so its result is a bound, not its optimum. Widen "
+                "the grid on that side and rerun the sweep to settle it.")
+    return "## Variants\n\n" + _table(header, rows) + edge
+
+
+def _at_grid_edge(a: Analysis, tuned: str | None) -> bool:
+    """Whether a variant's tuned value is the smallest or largest of a numeric tuning grid."""
+    tune = a.protocol.get("tune") or {}
+    try:
+        grid = sorted(float(v) for v in tune.get("values") or [])
+        value = float(tuned) if tuned is not None else None
+    except (TypeError, ValueError):  # a non-numeric grid (or several values) has no edge to speak of
+        return False
+    return value is not None and len(grid) > 2 and value in (grid[0], grid[-1])
 
 
 def _against_baseline(a: Analysis, d: int) -> str:

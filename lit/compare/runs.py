@@ -107,9 +107,9 @@ def _named_parent(client: MlflowClient, run_id: str) -> Run:
         raise UserInputError(f"no MLflow run {run_id!r} in this tracking store; pass the run id of a sweep's "
                              "parent run to --sweep (or --experiment NAME for its latest sweep)") from None
     tags = run.data.tags
-    if tags.get(protocol.ROLE) != "parent":
+    if tags.get(protocol.ROLE) != protocol.PARENT:
         # The id most often passed by mistake is a child's, copied from the UI: point at its parent.
-        hint = (f"; its parent run is {tags[protocol.PARENT_RUN]}" if tags.get(protocol.ROLE) == "child"
+        hint = (f"; its parent run is {tags[protocol.PARENT_RUN]}" if tags.get(protocol.ROLE) == protocol.CHILD
                 and protocol.PARENT_RUN in tags else "")
         raise UserInputError(f"run {run_id} is not a sweep parent run (tag {protocol.ROLE} is "
                              f"{tags.get(protocol.ROLE)!r}, expected 'parent'){hint}; pass a parent's run id to "
@@ -164,7 +164,7 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
     metric = metric_of or spec.get("metric") or DEFAULT_METRIC
     children = search_all_runs(client, parent.info.experiment_id,
                                f"tags.`{protocol.PARENT_RUN}` = '{parent.info.run_id}'")
-    final = [r for r in children if r.data.tags.get(protocol.FINAL) == "true"]
+    final = [r for r in children if protocol.is_true(r.data.tags.get(protocol.FINAL))]
     finished = [r for r in final if r.info.status == "FINISHED"]
     left_out: dict[str, int] = {}
     for run in final:
@@ -188,7 +188,7 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
     return Sweep(parent_id=parent.info.run_id, experiment=_experiment_name(client, parent), protocol=spec,
                  metric=metric, runs=kept.reset_index(drop=True), history=read_histories(client, keys_by_run),
                  logged=tuple(logged), left_out=left_out, replaced=len(runs) - len(kept),
-                 tune_runs=sum(r.data.tags.get(protocol.PHASE) == "tune" for r in children))
+                 tune_runs=sum(r.data.tags.get(protocol.PHASE) == protocol.TUNE_PHASE for r in children))
 
 
 def is_supporting_metric(key: str) -> bool:

@@ -31,14 +31,14 @@ def fit_args(manifest: dict, child: Child, tune_value: str | None) -> list[str]:
     if child.phase == "seed" and tune is not None:
         overrides[tune["key"]] = tune_value
     configs = [v for k, v in overrides.items() if k == CONFIG_KEY]
-    tags = {P.PARENT_RUN: manifest["parent_run_id"], P.ROLE: "child", P.SWEEP_ID: manifest["protocol"]["sweep_id"],
+    tags = {P.PARENT_RUN: manifest["parent_run_id"], P.ROLE: P.CHILD, P.SWEEP_ID: manifest["protocol"]["sweep_id"],
             P.VARIANT: child.variant, P.SEED: str(child.seed), P.SEED_INDEX: str(child.seed_index),
             P.PHASE: child.phase, P.CHILD_KEY: child.key}
     if tune is not None:
         tags[P.TUNE_KEY] = tune["key"]
         tags[P.TUNE_VALUE] = str(child.tune_value if child.phase == "tune" else tune_value)
     if child.phase == "seed":
-        tags[P.FINAL] = "true"
+        tags[P.FINAL] = P.TRUE
     run_name = f"{child.variant} | " + (f"tune {child.tune_value}" if child.phase == "tune" else f"seed {child.seed}")
     args = ["fit", "--config", manifest["recipe"]]
     for config in configs:
@@ -75,7 +75,7 @@ def run_child(manifest: dict, child: Child) -> int:
             return 2
         if child.reuse:
             # The tuning run at the picked value ran this very seed at the full budget: it is the seed run.
-            client.set_tag(tuning_run.info.run_id, P.FINAL, "true")
+            client.set_tag(tuning_run.info.run_id, P.FINAL, P.TRUE)
             return 0
     try:
         cli_main(fit_args(manifest, child, tune_value))

@@ -48,6 +48,17 @@ ITEMS_PER_STEP_METRIC = "train/items_per_step"
 THROUGHPUT_METRICS = ("train/tokens_per_s", "train/images_per_s", "train/samples_per_s")
 
 
+PARENT, CHILD = "parent", "child"  # values of ROLE
+TUNE_PHASE, SEED_PHASE = "tune", "seed"  # values of PHASE
+TRUE = "true"  # the value of FINAL
+
+
+def is_true(tag: str | None) -> bool:
+    """Whether a flag tag is set. Runs logged before the logger typed its tags as strings got the config
+    parser's reading of "true" (True, stored as "True" or "1"); those still count."""
+    return tag in (TRUE, "True", "1")
+
+
 def metric_mode(metric: str) -> str:
     """Whether lower ("min") or higher ("max") is better: losses, perplexities and bits go down."""
     name = metric.rsplit("/", 1)[-1].lower()

@@ -25,14 +25,14 @@ def find_or_create_parent(client: MlflowClient, experiment: str, proto: dict) ->
     """The sweep's parent run (created with its protocol if new); returns (run id, existed)."""
     experiment_id = experiment_id_for(client, experiment, create=True)
     found = client.search_runs([experiment_id], f"tags.`{P.SWEEP_ID}` = '{proto['sweep_id']}' and "
-                                                f"tags.`{P.ROLE}` = 'parent'",
+                                                f"tags.`{P.ROLE}` = '{P.PARENT}'",
                                order_by=["attributes.start_time DESC"], max_results=1)
     if found:
         run_id = found[0].info.run_id
         client.update_run(run_id, status="RUNNING")
         return run_id, True
     run = client.create_run(experiment_id, run_name=f"sweep {proto['sweep_id'][:8]}",
-                            tags={P.ROLE: "parent", P.SWEEP_ID: proto["sweep_id"]})
+                            tags={P.ROLE: P.PARENT, P.SWEEP_ID: proto["sweep_id"]})
     run_id = run.info.run_id
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / P.PROTOCOL_FILE
@@ -59,7 +59,7 @@ def experiment_id_for(client: MlflowClient, name: str, create: bool = False) -> 
 
 
 def child_runs(client: MlflowClient, experiment_id: str, sweep: str) -> list[Run]:
-    return client.search_runs([experiment_id], f"tags.`{P.SWEEP_ID}` = '{sweep}' and tags.`{P.ROLE}` = 'child'",
+    return client.search_runs([experiment_id], f"tags.`{P.SWEEP_ID}` = '{sweep}' and tags.`{P.ROLE}` = '{P.CHILD}'",
                               max_results=MAX_RESULTS)
 
 
@@ -110,7 +110,7 @@ def pick_tuned_value(client: MlflowClient, experiment_id: str, sweep: str, varia
     NaN, a diverged run) go to the earlier value in the list, so the pick is deterministic.
     """
     done = finished_by_key([r for r in child_runs(client, experiment_id, sweep)
-                            if r.data.tags.get(P.VARIANT) == variant and r.data.tags.get(P.PHASE) == "tune"])
+                            if r.data.tags.get(P.VARIANT) == variant and r.data.tags.get(P.PHASE) == P.TUNE_PHASE])
     by_value = {v: r for r in done.values() for v in values if same_value(r.data.tags.get(P.TUNE_VALUE), v)}
     missing = [v for v in values if v not in by_value]
     if missing:
