@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -74,8 +75,12 @@ def test_prepare_with_a_local_tokenizer_then_train_windows(tmp_path):
     assert json.loads((tmp_path / "shards" / "meta.json").read_text())["vocab_size"] == meta["vocab_size"]
     assert len(find_shards(tmp_path / "shards", "train")) >= 2
 
+    # Bits per byte need the text's bytes per token: here every token is a BPE piece of ASCII text.
+    total_bytes = sum(len(p.read_bytes()) for p in corpus)
+    total_tokens = sum(len(tok.encode(p.read_text()).ids) + 1 for p in corpus)  # + one <eot> per document
+    assert meta["bytes_per_token"] == pytest.approx(total_bytes / total_tokens) and meta["bytes_per_token"] > 1
     dm = TextDataModule(shards_dir=str(tmp_path / "shards"), block_size=16, batch_size=2)
-    assert dm.vocab_size == meta["vocab_size"]
+    assert dm.vocab_size == meta["vocab_size"] and dm.bytes_per_token == meta["bytes_per_token"]
     dm.setup("fit")
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (2, 16) and int(x.max()) < meta["vocab_size"]
@@ -88,3 +93,20 @@ def test_prepare_with_a_local_tokenizer_then_train_windows(tmp_path):
 def test_missing_shards_dir_says_how_to_make_it(tmp_path):
     with pytest.raises(UserInputError, match="python -m lit.data.prepare"):
         TextDataModule(shards_dir=str(tmp_path / "nope"))
+
+
+def test_the_data_seed_fixes_the_order_apart_from_the_run_seed(monkeypatch):
+    def order(run_seed: int, data_seed: int | None) -> list[int]:
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(run_seed))
+        dm = TextDataModule(block_size=64, batch_size=4, seed=data_seed)
+        dm.setup("fit")
+        return [int(x[:, 0].sum()) for x, _ in itertools.islice(dm.train_dataloader(), 5)]
+
+    assert order(1, data_seed=7) == order(2, data_seed=7)  # the run seed no longer moves the data
+    assert order(1, data_seed=7) != order(1, data_seed=8)
+    assert order(3, data_seed=None) == order(3, data_seed=3)  # unset: the order follows seed_everything
+
+
+def test_bytes_per_token_of_the_embedded_corpus_is_one():
+    # tinyshakespeare is ASCII: a character token is one byte, so val/bpb = val/loss / ln 2.
+    assert TextDataModule(block_size=64).bytes_per_token == 1.0

@@ -155,6 +155,42 @@ def test_seed_i_feeds_the_same_batches_to_every_variant(tuned_sweep):
     assert by_seed["1337"] != by_seed["1338"]
 
 
+def test_compare_reports_the_stored_metrics_computed_by_hand(tuned_sweep, capsys):
+    import numpy as np
+    from scipy import stats
+
+    cwd, _, _ = tuned_sweep
+    client = client_for(cwd)
+    _, children = runs_of(client, "tiny")
+    finals = {(c.data.tags[P.VARIANT], c.data.tags[P.SEED]): final(client, c) for c in children
+              if c.data.tags.get(P.FINAL) == "true"}
+    base = np.array([finals["norm=rmsnorm", s] for s in ("1337", "1338")])
+    other = np.array([finals["norm=layernorm", s] for s in ("1337", "1338")])
+
+    assert main(["compare", "--experiment", "tiny", "--tracking_uri", f"sqlite:///{cwd / 'mlflow.db'}",
+                 "--out", str(cwd / "report")]) is None
+    report = (cwd / "report" / "report.md").read_text()
+    assert capsys.readouterr().out.strip() == report.strip()
+
+    def row(heading: str, label: str) -> list[str]:
+        section = report[report.index(heading):].split("\n## ", 1)[0]
+        line = next(line for line in section.splitlines() if line.startswith(f"| {label}"))
+        return [cell.strip() for cell in line.strip("|").split(" | ")]
+
+    def printed(cell: str, expected: float) -> None:
+        value = cell.split()[0].lstrip("+")
+        decimals = len(value.split(".")[1]) if "." in value else 0
+        assert abs(float(value) - expected) <= 0.5 * 10 ** -decimals + 1e-12, (cell, expected)
+
+    printed(row("## Variants", "norm=layernorm")[2], other.mean())
+    printed(row("## Variants", "norm=rmsnorm")[2], base.mean())
+    difference = row("## Against the baseline", "norm=layernorm")
+    printed(difference[2], (other - base).mean())
+    printed(difference[4], stats.ttest_rel(other, base).pvalue)
+    logged = [a.path for a in client.list_artifacts(runs_of(client, "tiny")[0][0].info.run_id, P.REPORT_DIR)]
+    assert f"{P.REPORT_DIR}/report.md" in logged
+
+
 def test_a_killed_sweep_resumes_without_rerunning_finished_children(tmp_path):
     args = ["--config", BASELINE, "--vary", "model.arch.norm=rmsnorm,layernorm", "--seeds", "2",
             "--experiment", "killed", *TINY]
@@ -239,6 +275,7 @@ def test_a_key_or_value_the_recipe_rejects_is_one_line_before_anything_trains(tm
     (["--vary", "model.arch.norm=rmsnorm,dyt", "--seeds", "0"], "--seeds must be at least 1"),
     (["--vary", "model.arch.norm=rmsnorm,dyt", "--tune_steps", "5"], "--tune_steps needs --tune"),
     (["--vary", "model.arch.norm=rmsnorm,dyt", "-x"], "fit options are --key=value"),
+    (["--vary", "model.arch.norm=rmsnorm,dyt", "--seeds", "two"], "argument --seeds: invalid int value"),
     ([], "a sweep needs something to vary"),
 ])
 def test_bad_options_are_one_line_and_exit_code_2(workdir, capsys, args, expected):

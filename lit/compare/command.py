@@ -18,7 +18,7 @@ from lit.compare.analysis import Analysis, analyze, untestable
 from lit.compare.plots import draw_all
 from lit.compare.report import render
 from lit.compare.runs import connect, find_parent, load_sweep, resolve_tracking_uri
-from lit.errors import UserInputError
+from lit.errors import OneLineArgumentParser, UserInputError
 from lit.sweep import protocol
 
 if TYPE_CHECKING:
@@ -47,13 +47,6 @@ examples:
   python cli.py compare --experiment norms --require_test   # fail unless every variant has >=2 paired seeds"""
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse mistakes become the CLI's single ``error:`` line instead of usage plus a message."""
-
-    def error(self, message: str):
-        raise UserInputError(f"{message} (see `python {PROG} --help`)")
-
-
 def confidence_level(text: str) -> float:
     try:
         value = float(text)
@@ -65,7 +58,7 @@ def confidence_level(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
+    parser = OneLineArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--experiment", metavar="NAME",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from lit.errors import UserInputError
+from lit.errors import OneLineArgumentParser, UserInputError
 from lit.sweep import protocol as P
 from lit.sweep.grid import Child, Tuning, build_children, build_variants, find_baseline, parse_values, sweep_id
 
@@ -35,7 +35,7 @@ metrics. Then: python cli.py compare --experiment NAME."""
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cli.py sweep", description=__doc__.splitlines()[0], epilog=EPILOG,
+    p = OneLineArgumentParser(prog="cli.py sweep", description=__doc__.splitlines()[0], epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="the recipe every run starts from")
     p.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2",
@@ -130,8 +130,8 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str]) -> tuple[dict,
 
 def main(argv: list[str]) -> int:
     started = time.time()
-    a, fit_options = parser().parse_known_args(argv)
     try:
+        a, fit_options = parser().parse_known_args(argv)
         return _sweep(a, fit_options, started)
     except UserInputError as exc:
         sys.stderr.write(f"error: {exc}\n")
