@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
+from lit.diagnostics import DiagnosticsConfig
 from lit.init_from import Growth, load_initial_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
@@ -34,6 +35,7 @@ class LanguageModel(ArchitectureTask):
         compile: ``torch.compile`` each transformer block (recipes/trainer/compile.yaml).
         activation_checkpointing: recompute each block's activations in backward
             (recipes/trainer/activation_checkpointing.yaml).
+        diagnostics: ``diag/*`` metrics every ``interval`` steps (``--model.diagnostics.interval=0``: off).
     """
 
     def __init__(self, vocab_size: int = 65, block_size: int = 256, arch: TransformerConfig = TransformerConfig(),
@@ -41,8 +43,10 @@ class LanguageModel(ArchitectureTask):
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
                  max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = None,
                  init_from: str | None = None, growth: Growth = Growth(),
-                 compile: bool = False, activation_checkpointing: bool = False):
-        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="tokens")
+                 compile: bool = False, activation_checkpointing: bool = False,
+                 diagnostics: DiagnosticsConfig = DiagnosticsConfig()):
+        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="tokens",
+                         diagnostics=diagnostics)
         # The resolved config is logged by the CLI; the logger need not log hparams a second time.
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
         self.model = GPT(vocab_size, block_size, arch, tie_embeddings)
