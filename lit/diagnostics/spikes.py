@@ -2,10 +2,11 @@
 
 A step's value is compared with the last ``window`` values before it (128): its z-score is
 (value - mean) / std (population std). The step's spike score is the larger z-score of the loss and of the
-global gradient norm; a spike is a score above ``threshold`` (6 sigma), one-sided (a sudden drop is no
-instability). No score before ``warmup`` values (20) are in a window, or when a window has no spread.
-Every finite value enters the window, spikes included, as in OLMo-core. Pure Python: the state is a few
-hundred floats, saved in checkpoints so that a resumed run keeps its window and its count.
+global gradient norm, and 0 when both are below their means; a spike is a score above ``threshold``
+(6 sigma), one-sided (a sudden drop is no instability). No score before ``warmup`` values (20) are in a
+window, or when a window has no spread. Every finite value enters the window, spikes included, as in
+OLMo-core. Pure Python: the state is a few hundred floats, saved in checkpoints so that a resumed run keeps
+its window and its count.
 """
 
 from __future__ import annotations
