@@ -146,7 +146,8 @@ class Diagnostics(L.Callback):
     def _norms(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         groups = self._groups
         after = groups.local(groups.params)
-        torch._foreach_sub_(self._snapshot, after)  # in place: the copy becomes W_before - W_after
+        for before, now in zip(self._snapshot, after, strict=True):
+            before.sub_(now)  # in place: the copy becomes W_before - W_after
         updates = groups.squares(self._snapshot)
         self._snapshot = None
         grads, weights, updates = groups.reduce(self._grad_squares, self._weight_squares, updates)

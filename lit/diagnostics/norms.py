@@ -123,7 +123,13 @@ def _local(t: torch.Tensor | None) -> torch.Tensor:
     if t is None:
         return torch.empty(0)
     t = t.detach()
-    return t.to_local() if is_dtensor(t) else t
+    t = t.to_local() if is_dtensor(t) else t
+    if t.numel() and t.untyped_storage().nbytes() == 0:
+        # FSDP2 under torchrun leaves the root unit's parameters (embedding, head) as views of a freed buffer
+        # between backward and the optimizer step: reading them would read freed memory (a segfault seen on
+        # 2 nodes). They belong to no block, so no logged weight norm or update ratio needs them.
+        return torch.empty(0, device=t.device)
+    return t
 
 
 def _sharded(t: torch.Tensor) -> bool:
