@@ -6,6 +6,19 @@ new branch in the block. The hooks were chosen for the whole zoo the project tar
 norms, layer-dependent norms, nGPT's hypersphere, LAUREL and other multi-state residuals,
 TokenFormer's Pattention), not only for the built-ins.
 
+Two optional declarations let a component tell the outside world what it needs or offers, without the
+block or any callback naming it: a weight that must stay on the unit sphere
+(``arch_plugins.constraints.declare_unit_norm``), and a learned scalar worth watching during training
+(``arch_plugins.diagnostics.declare_diagnostic``; the diagnostics callback records it as
+``diag/scalar/<module path>.<name>``). A module calls them on itself in ``__init__``::
+
+    class MyNorm(nn.Module):
+        def __init__(self, dim):
+            super().__init__()
+            self.alpha = nn.Parameter(torch.ones(1))
+            declare_diagnostic(self, "alpha")                           # the parameter as stored
+            declare_diagnostic(self, "gain", lambda m: m.alpha.exp())   # or the value the forward uses
+
 Pure PyTorch: nothing here knows about Lightning.
 """
 

@@ -26,11 +26,16 @@ class LearnedScale(nn.Module):
             raise ValueError(f"{name}_scale must be positive (it divides the stored value), got {scale}")
         self.stored = nn.Parameter(torch.full(shape if isinstance(shape, tuple) else (shape,), float(scale)))
         self.init, self.scale, self.factor = float(init), float(scale), float(factor)
+        self.name = name  # what the paper calls it (s_qk, s_uv, s_z, alpha): errors and diagnostics say it
         # One Python float: the effective vector costs a single multiply of a small parameter.
         self.multiplier = self.init / self.scale * self.factor
 
     def forward(self) -> torch.Tensor:
         return self.stored * self.multiplier
+
+    def effective(self) -> torch.Tensor:
+        """The learned value as the paper names it (starts at ``init``): ``forward()`` without the constant factor."""
+        return self.stored * (self.init / self.scale)
 
     def extra_repr(self) -> str:
         return f"shape={tuple(self.stored.shape)}, init={self.init}, scale={self.scale}, factor={self.factor:g}"

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from lit.diagnostics import DiagnosticsConfig
 from lit.init_from import Growth, load_initial_weights
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import VIT_ARCH, ViT, with_variant
@@ -38,6 +39,7 @@ class ImageClassifier(ArchitectureTask):
         compile: ``torch.compile`` each transformer block (recipes/trainer/compile.yaml).
         activation_checkpointing: recompute each block's activations in backward
             (recipes/trainer/activation_checkpointing.yaml).
+        diagnostics: ``diag/*`` metrics every ``interval`` steps (``--model.diagnostics.interval=0``: off).
     """
 
     def __init__(self, num_classes: int = 1000, image_size: int = 224, in_chans: int = 3,
@@ -46,8 +48,10 @@ class ImageClassifier(ArchitectureTask):
                  pos_embed: Literal["learned", "sincos", "none"] = "learned", lr: float = 1e-3,
                  weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 100,
                  min_lr_ratio: float = 0.01, init_from: str | None = None, growth: Growth = Growth(),
-                 compile: bool = False, activation_checkpointing: bool = False):
-        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="images")
+                 compile: bool = False, activation_checkpointing: bool = False,
+                 diagnostics: DiagnosticsConfig = DiagnosticsConfig()):
+        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="images",
+                         diagnostics=diagnostics)
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
         self.model = ViT(num_classes, image_size, patch_size, in_chans, with_variant(arch, variant), pooling, pos_embed)
         if init_from is not None:

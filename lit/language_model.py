@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
+from lit.diagnostics import DiagnosticsConfig
 from lit.init_from import Growth, load_initial_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
@@ -36,6 +37,7 @@ class LanguageModel(ArchitectureTask):
         compile: ``torch.compile`` each transformer block (recipes/trainer/compile.yaml).
         activation_checkpointing: recompute each block's activations in backward
             (recipes/trainer/activation_checkpointing.yaml).
+        diagnostics: ``diag/*`` metrics every ``interval`` steps (``--model.diagnostics.interval=0``: off).
         bytes_per_token: linked from the DataModule; with it, validation logs ``val/bpb`` (bits per byte),
             which compares models across tokenizers and vocabularies where nats per token do not.
     """
@@ -46,8 +48,9 @@ class LanguageModel(ArchitectureTask):
                  max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = None,
                  init_from: str | None = None, growth: Growth = Growth(),
                  compile: bool = False, activation_checkpointing: bool = False,
-                 bytes_per_token: float | None = None):
-        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="tokens")
+                 diagnostics: DiagnosticsConfig = DiagnosticsConfig(), bytes_per_token: float | None = None):
+        super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="tokens",
+                         diagnostics=diagnostics)
         # The resolved config is logged by the CLI; the logger need not log hparams a second time.
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
         self.model = GPT(vocab_size, block_size, arch, tie_embeddings)

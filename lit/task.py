@@ -2,9 +2,10 @@
 
 Subclasses (LanguageModel, ImageClassifier) build ``self.model`` and save ``lr``, ``weight_decay``,
 ``betas``, ``warmup_steps`` and ``min_lr_ratio`` as hyperparameters; they own loss and metrics only.
-How the blocks execute (``compile``, ``activation_checkpointing``) is passed to this base and is not a
-hyperparameter: a resumed run takes it from its own command line (LightningCLI restores a checkpoint's
-hyperparameters over the command line's), so a run can resume under another overlay.
+How the blocks execute (``compile``, ``activation_checkpointing``) and what diagnostics record (``diagnostics``)
+are passed to this base and are not hyperparameters: a resumed run takes them from its own command line
+(LightningCLI restores a checkpoint's hyperparameters over the command line's), so a run can resume under
+another overlay, or with diagnostics turned off or made denser around a problem.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import torch
 
 from lit.callbacks import RenormalizeUnitNormWeights, StopOnNonFiniteLoss, has_unit_norm_weights
 from lit.checkpoints import restore_rng_states, rng_states
+from lit.diagnostics import Diagnostics, DiagnosticsConfig
 from lit.optim import adamw_warmup_cosine
 from lit.parallel import checkpoint_blocks, compile_blocks, shard
 from lit.throughput import StepRate
 
-EXECUTION_OPTIONS = ("compile", "activation_checkpointing")
+EXECUTION_OPTIONS = ("compile", "activation_checkpointing", "diagnostics")
 
 
 class ArchitectureTask(L.LightningModule):
@@ -26,11 +28,14 @@ class ArchitectureTask(L.LightningModule):
         compile: ``torch.compile`` each transformer block.
         activation_checkpointing: recompute each block's activations in backward.
         items: what training throughput counts (``tokens``, ``images``): logged as ``train/<items>_per_s``.
+        diagnostics: what the diagnostics callback records and how often (``lit/diagnostics``).
     """
 
-    def __init__(self, compile: bool = False, activation_checkpointing: bool = False, items: str = "samples"):
+    def __init__(self, compile: bool = False, activation_checkpointing: bool = False, items: str = "samples",
+                 diagnostics: DiagnosticsConfig | None = None):
         super().__init__()
         self.compile_each_block, self.recompute_activations = compile, activation_checkpointing
+        self.diagnostics = diagnostics if diagnostics is not None else DiagnosticsConfig()
         self.throughput, self.throughput_metric = StepRate(), f"train/{items}_per_s"
         self._size_logged = False
 
@@ -76,6 +81,9 @@ class ArchitectureTask(L.LightningModule):
         callbacks: list[L.Callback] = [StopOnNonFiniteLoss()]
         if has_unit_norm_weights(self.model):
             callbacks.append(RenormalizeUnitNormWeights())
+        # On by default, as cheap as its interval makes it; off (interval 0) attaches nothing at all.
+        if self.diagnostics.enabled:
+            callbacks.append(Diagnostics(self.diagnostics))
         return callbacks
 
     def configure_optimizers(self):

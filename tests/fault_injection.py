@@ -38,3 +38,22 @@ class PoisonWeightsAtStep(L.Callback):
         if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             with torch.no_grad():
                 next(pl_module.parameters()).fill_(float("nan"))
+
+
+class LossSpikeAtStep(L.Callback):
+    """Multiplies the training loss of ``step`` by ``factor`` (and so its gradient): one loss and gradient-norm spike
+    that leaves the weights nearly where they were (Adam's update hardly depends on the gradient's scale)."""
+
+    def __init__(self, step: int, factor: float = 10.0):
+        self.step, self.factor = step, factor
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if trainer.global_step != self.step:
+            return
+        original = type(pl_module).training_step
+
+        def scaled(*args, **kwargs):
+            del pl_module.training_step  # this batch only
+            return original(pl_module, *args, **kwargs) * self.factor
+
+        pl_module.training_step = scaled

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from arch_plugins.diagnostics import declare_diagnostic
 from arch_plugins.interfaces import NormStrategy, Site, StackInfo
 
 # The authors' initial alpha per site. Language models: their LLaMA-2 7B values (attention norm, FFN
@@ -24,6 +25,7 @@ class DynamicTanh(nn.Module):
         self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        declare_diagnostic(self, "alpha")  # the paper tracks how alpha follows 1/std of the input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.weight * torch.tanh(self.alpha * x)
@@ -36,6 +38,7 @@ class LearnableScale(nn.Module):
     def __init__(self, init: float):
         super().__init__()
         self.scale = nn.Parameter(torch.full((1,), float(init)))
+        declare_diagnostic(self, "scale")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.scale

@@ -25,6 +25,7 @@ import math
 import torch
 from torch import nn
 
+from arch_plugins.diagnostics import declare_diagnostic
 from arch_plugins.interfaces import NormStrategy, Site, StackInfo
 from arch_plugins.learned_scale import LearnedScale
 
@@ -57,6 +58,7 @@ class ScaleBy(nn.Module):
     def __init__(self, scale: LearnedScale):
         super().__init__()
         self.scale = scale
+        declare_diagnostic(self, scale.name, _effective_scale)  # s_uv or s_z, mean over its vector
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.scale()
@@ -73,10 +75,19 @@ class QKNormScale(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim, self.eps = num_heads, head_dim, eps
         self.s_qk = LearnedScale(num_heads * head_dim, init=init, scale=scale, name="s_qk")
+        declare_diagnostic(self, "s_qk", _effective_s_qk)  # mean over heads and channels
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.s_qk().view(self.num_heads, 1, self.head_dim)  # broadcast over batch and time
         return l2_normalize(q, self.eps) * s.square(), l2_normalize(k, self.eps)
+
+
+def _effective_scale(module: ScaleBy) -> torch.Tensor:
+    return module.scale.effective()
+
+
+def _effective_s_qk(module: QKNormScale) -> torch.Tensor:
+    return module.s_qk.effective()
 
 
 class HypersphereStrategy(NormStrategy):

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from arch_plugins.diagnostics import declare_diagnostic
 from arch_plugins.interfaces import NormStrategy, Site, StackInfo
 from arch_plugins.registry import PluginError
 
@@ -31,6 +32,10 @@ class SeeDNorm(nn.Module):
         self.beta = nn.Parameter(torch.zeros(dim))
         self.dot_scale = 1.0 / (dim // heads) if mean_dot else 1.0
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        # beta is a direction (zero at init, signs cancel in a mean): its L2 norm says how far the gain has
+        # become input-dependent; alpha's mean says how strongly.
+        declare_diagnostic(self, "alpha")
+        declare_diagnostic(self, "beta_norm", _beta_norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1]
@@ -41,6 +46,10 @@ class SeeDNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, heads={self.heads}, eps={self.eps}"
+
+
+def _beta_norm(norm: SeeDNorm) -> torch.Tensor:
+    return torch.linalg.vector_norm(norm.beta.float())
 
 
 class SeeDNormStrategy(NormStrategy):

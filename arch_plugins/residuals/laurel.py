@@ -28,10 +28,12 @@ f against the carry but cannot inflate the stream) or alpha = 2 * sigmoid(a), be
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import nn
 
+from arch_plugins.diagnostics import declare_diagnostic
 from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualType, StackInfo
 from arch_plugins.registry import PluginError
 from arch_plugins.residuals.add import Add
@@ -80,6 +82,12 @@ class LaurelMerge(ResidualMerge):
                 self.gamma[0] = 1.0
         terms = gammas or 1
         self.low_rank = nn.ModuleList(LowRank(dim, rank, a_init) for _ in range(terms)) if rank else None
+        # The effective weights, not their logits: alpha and beta as the merge uses them, each gamma_j apart.
+        if self.rw_logits is not None:
+            declare_diagnostic(self, "alpha", partial(_alpha_beta, index=0))
+            declare_diagnostic(self, "beta", partial(_alpha_beta, index=1))
+        for j in range(gammas or 0):
+            declare_diagnostic(self, f"gamma{j}", partial(_gamma, index=j))
 
     def alpha_beta(self) -> torch.Tensor:
         if self.weights == "softmax":
@@ -110,6 +118,14 @@ class LaurelMerge(ResidualMerge):
         alpha, beta = self.alpha_beta()
         f = (h - x_i + branch) if self.wraps_block else branch
         return alpha * f + beta * (x_i + delta)
+
+
+def _alpha_beta(merge: LaurelMerge, index: int) -> torch.Tensor:
+    return merge.alpha_beta()[index]
+
+
+def _gamma(merge: LaurelMerge, index: int) -> torch.Tensor:
+    return merge.gamma[index]
 
 
 class LaurelResidual(ResidualType):

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from arch_plugins.diagnostics import declare_diagnostic
 from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualType, StackInfo
 from arch_plugins.learned_scale import LearnedScale
 
@@ -26,6 +27,7 @@ class EigenLerp(ResidualMerge):
         super().__init__()
         self.alpha = LearnedScale(d_model, init=init, scale=scale, name="alpha")
         self.absolute = absolute
+        declare_diagnostic(self, "alpha", _effective_alpha)  # the step size the merge uses, mean over d_model
 
     def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
         alpha = self.alpha()
@@ -33,6 +35,11 @@ class EigenLerp(ResidualMerge):
             alpha = alpha.abs()
         # torch.lerp is one fused kernel; operands in the stream's dtype (fp32 under autocast).
         return torch.lerp(h, branch.to(h.dtype), alpha.to(h.dtype))
+
+
+def _effective_alpha(merge: EigenLerp) -> torch.Tensor:
+    alpha = merge.alpha.effective()
+    return alpha.abs() if merge.absolute else alpha
 
 
 class NGPTResidual(ResidualType):

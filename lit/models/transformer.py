@@ -9,6 +9,7 @@ edits this file.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -109,6 +110,9 @@ class Attention(nn.Module):
         _constrain(plugins, self.out, Role.ATTN_OUT, "out")
         self.qk = plugins.norm.qk(layer, stack)  # None: no q/k normalisation
         self.scale = plugins.norm.softmax_scale(layer, stack)
+        # Set only while a diagnostics probe runs (lit/diagnostics/probe.py): called with the q and k the
+        # attention really uses (plugins applied), its scale and causality, since SDPA hides probabilities.
+        self.inspect: Callable[[torch.Tensor, torch.Tensor, float, bool], None] | None = None
 
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding | None) -> torch.Tensor:
         B, T, d = x.shape
@@ -117,6 +121,8 @@ class Attention(nn.Module):
             q, k = rope(q), rope(k)
         if self.qk is not None:
             q, k = self.qk(q, k)
+        if self.inspect is not None:
+            self.inspect(q, k, self.scale if self.scale is not None else q.shape[-1] ** -0.5, self.causal)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, d))

@@ -12,6 +12,7 @@ import math
 import torch
 from torch import nn
 
+from arch_plugins.diagnostics import declare_diagnostic
 from arch_plugins.norms.prenorm import PreNorm
 
 
@@ -24,6 +25,8 @@ class ScaleNorm(nn.Module):
         g = torch.tensor(math.sqrt(dim))
         if learnable:
             self.g = nn.Parameter(g)
+            # arch-lab's diagnostics callback logs it as diag/scalar/<module path>.g; it names no plugin.
+            declare_diagnostic(self, "g")
         else:
             self.register_buffer("g", g)
 
