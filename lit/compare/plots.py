@@ -50,6 +50,20 @@ def visible_range(curves: list[pd.DataFrame], since: float | None = None) -> tup
     return low - pad, high + pad
 
 
+def typical(variants: list, spread: float = 8.0) -> list:
+    """The variants whose final mean is within ``spread`` robust standard deviations (1.4826 MAD) of the
+    median final mean: the zoomed panel fits these, so one diverged variant (a loss 0.6 above everyone)
+    does not squeeze differences of 0.01 into a pixel. Fewer than 4 variants: all of them."""
+    if len(variants) < 4:
+        return variants
+    finals = np.array([float(v.curve["mean"].iloc[-1]) for v in variants])
+    median = float(np.median(finals))
+    mad = 1.4826 * float(np.median(np.abs(finals - median)))
+    if mad == 0:
+        return variants
+    return [v for v, f in zip(variants, finals, strict=True) if abs(f - median) <= spread * mad]
+
+
 def late_window(curves: list[pd.DataFrame]) -> float | None:
     """The first step of the zoomed panel: the last quarter of training, or the last two validation points of
     every curve if the quarter holds fewer (a zoom on one point shows no trend)."""
@@ -80,7 +94,8 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
                                 color=colors[variant.label], alpha=0.18, linewidth=0)
         ax.axhline(analysis.target, color="0.35", linestyle=":", linewidth=1,
                    label=f"final mean of {analysis.baseline}")
-        limits = visible_range([v.curve for v in shown], start)
+        fitted = shown if start is None else typical(shown)
+        limits = visible_range([v.curve for v in fitted], start)
         if limits is not None:
             ax.set_ylim(*limits)
         ax.set(xlabel="step", ylabel=analysis.metric)
@@ -89,7 +104,9 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
     panels[0].set_title(f"{analysis.metric}, mean ± std over seeds ({better} is better; first point off the axis)",
                         fontsize="medium")
     if since is not None:
-        panels[1].set_title(f"from step {since:g}", fontsize="medium")
+        off = [v.label for v in shown if v not in typical(shown)]
+        panels[1].set_title(f"from step {since:g}" + (f"; off the axis: {', '.join(off)}" if off else ""),
+                            fontsize="medium")
     panels[-1].legend(fontsize="small")
     fig.savefig(path, dpi=DPI)
     return path
