@@ -24,7 +24,7 @@ Pure PyTorch: nothing here knows about Lightning.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -138,7 +138,6 @@ class ResidualStream(nn.Module):
         return h
 
 
-@dataclass
 class ResidualHistory:
     """Everything earlier layers produced in this forward pass, for residuals that look back.
 
@@ -146,11 +145,18 @@ class ResidualHistory:
     order (attn of block 0, mlp of block 0, attn of block 1, ...). ``branches`` holds each
     sublayer's output after its ``*_out`` site, aligned with ``states[1:]``; ``block_inputs`` holds
     the stream entering each block. Keeping references costs nothing: autograd holds them anyway.
+
+    One object shared by every block of a forward pass, which each block appends to. Deliberately a plain
+    class, not a dataclass or a container: wrappers that rebuild a module's arguments (FSDP2 casting
+    inputs to bf16 under a mixed-precision policy, through ``torch.distributed.utils._apply_to_tensors``)
+    copy dataclasses, lists and tuples, and every block would then append to a copy of its own.
     """
 
-    states: list[torch.Tensor] = field(default_factory=list)
-    branches: list[torch.Tensor] = field(default_factory=list)
-    block_inputs: list[torch.Tensor] = field(default_factory=list)
+    def __init__(self, states: list[torch.Tensor] | None = None, branches: list[torch.Tensor] | None = None,
+                 block_inputs: list[torch.Tensor] | None = None):
+        self.states = states if states is not None else []
+        self.branches = branches if branches is not None else []
+        self.block_inputs = block_inputs if block_inputs is not None else []
 
 
 class ResidualType:

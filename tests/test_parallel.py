@@ -84,3 +84,17 @@ def test_compiled_blocks_compute_what_eager_blocks_compute():
     for n, g in grads.items():
         torch.testing.assert_close(g, expected_grads[n], rtol=1e-4, atol=1e-5, msg=n)
     assert compiled.state_dict().keys() == reference.state_dict().keys()  # checkpoints move between the two
+
+
+def test_fsdp2_input_casting_hands_every_block_the_same_residual_history():
+    # FSDP2 with a bf16 policy rebuilds each block's arguments to cast them (dataclasses and lists are copied);
+    # a history copied per block loses every entry the block appends, and LAUREL-PA would look back at a
+    # history missing the blocks before it.
+    from torch.distributed.utils import _apply_to_tensors
+
+    from arch_plugins.interfaces import ResidualHistory
+
+    history = ResidualHistory(states=[torch.zeros(2)])
+    h, passed, rope = _apply_to_tensors(lambda t: t.to(torch.bfloat16), (torch.zeros(2), history, None))
+    assert passed is history and passed.states is history.states
+    assert h.dtype == torch.bfloat16  # the tensors are still cast

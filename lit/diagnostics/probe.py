@@ -63,6 +63,18 @@ def attention_statistics(q: torch.Tensor, k: torch.Tensor, scale: float, causal:
     return entropy / (B * H * T), max_logit
 
 
+def reshard(module: nn.Module) -> None:
+    """Give FSDP2 back the sharded parameters the probe's forward gathered. FSDP2 keeps the root module's
+    parameters gathered after a forward (the backward would need them at once), but the probe has no backward:
+    left so, the root's parameters would stay plain full tensors until the next training forward, and a
+    checkpoint or an optimizer step in between would see them unsharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def _eager():
     set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
     return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
@@ -110,6 +122,7 @@ def probe(module: nn.Module, inputs: torch.Tensor, *, stream: bool, attention: b
             attn.inspect = None
         for m, training in modes.items():
             m.training = training
+        reshard(module)
     metrics = dict(stats)
     if "history" in captured:
         history = captured["history"]
