@@ -9,6 +9,7 @@ from torch import nn
 
 from arch_plugins.diagnostics import declare_diagnostic
 from arch_plugins.interfaces import NormStrategy, Site, StackInfo
+from arch_plugins.weight_decay import declare_weight_decay
 
 # The authors' initial alpha for language models, chosen by width (DyT paper, arXiv 2503.10622, Table 11:
 # "Model width significantly impacts the choice of alpha0, with wider networks requiring smaller values. In
@@ -74,17 +75,22 @@ class DyTStrategy(NormStrategy):
         bias: learn beta (None: no for LMs, yes for encoders).
         embedding_scale: multiply the embedding by a learnable scalar initialised to sqrt(d_model)
             (None: yes for LMs, no for encoders).
+        decay_all: decay alpha, gamma, beta and the embedding scalar at the run's weight decay, as the
+            authors' LLaMA code does (``main_training_llama.py:119-121``: AdamW over
+            ``model.parameters()``, weight_decay 0.1); otherwise they are vectors and do not decay, as in
+            their ViT code (``optim_factory.py:77`` skips 1-D parameters). None: yes for LMs, no for encoders.
     """
 
     SITES = (Site.ATTN_IN, Site.MLP_IN, Site.FINAL)
 
     def __init__(self, alpha_attn: float | None = None, alpha_mlp: float | None = None,
-                 alpha_final: float | None = None, bias: bool | None = None, embedding_scale: bool | None = None):
+                 alpha_final: float | None = None, bias: bool | None = None, embedding_scale: bool | None = None,
+                 decay_all: bool | None = None):
         alphas = {Site.ATTN_IN: alpha_attn, Site.MLP_IN: alpha_mlp, Site.FINAL: alpha_final}
         for site, alpha in alphas.items():
             if alpha is not None and not (math.isfinite(alpha) and alpha > 0):
                 raise ValueError(f"the initial alpha at {site} must be a positive number, got {alpha}")
-        self.alphas, self.bias, self.embedding_scale = alphas, bias, embedding_scale
+        self.alphas, self.bias, self.embedding_scale, self.decay_all = alphas, bias, embedding_scale, decay_all
 
     def initial_alpha(self, site: str, stack: StackInfo) -> float:
         chosen = self.alphas[site]
@@ -95,7 +101,12 @@ class DyTStrategy(NormStrategy):
     def site(self, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.Module | None:
         if site in self.SITES:
             bias = (not stack.causal) if self.bias is None else self.bias
-            return DynamicTanh(dim, self.initial_alpha(site, stack), bias)
-        if site == Site.EMBEDDING and (stack.causal if self.embedding_scale is None else self.embedding_scale):
-            return LearnableScale(math.sqrt(dim))
-        return None
+            module = DynamicTanh(dim, self.initial_alpha(site, stack), bias)
+        elif site == Site.EMBEDDING and (stack.causal if self.embedding_scale is None else self.embedding_scale):
+            module = LearnableScale(math.sqrt(dim))
+        else:
+            return None
+        if stack.causal if self.decay_all is None else self.decay_all:
+            for name, _ in module.named_parameters(recurse=False):
+                declare_weight_decay(module, name, True)
+        return module
