@@ -1,0 +1,30 @@
+"""Recipes that follow a reference carry its training settings (docs: the fidelity audit), checked as written."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.conftest import REPO
+
+
+def recipe(name: str) -> dict:
+    return yaml.safe_load((REPO / "recipes" / name).read_text())
+
+
+def test_lns_uses_flat_init_as_its_authors_advise():
+    # lmsdss/LayerNorm-Scaling README: scaled init "diminishes the effectiveness of LNS" (0.44 ppl at 250M).
+    assert recipe("gpt_lns.yaml")["model"]["init_args"]["arch"]["depth_scaled_init"] is False
+
+
+def test_mixnorm_trains_as_the_reference_runs():
+    # pixeli99/MixLN: no scaled init for post_pre, --weight_decay 0, --grad_clipping 0.0.
+    config = recipe("gpt_mixnorm.yaml")
+    assert config["model"]["init_args"]["arch"]["depth_scaled_init"] is False
+    assert config["model"]["init_args"]["weight_decay"] == 0
+    assert config["trainer"]["gradient_clip_val"] == 0
+
+
+def test_postnorm_recipe_is_the_llama_post_ln_of_the_mixln_and_lns_repos():
+    # NORM_TYPE=post keeps LlamaModel.norm after the last layer, with a flat 0.02 init.
+    arch = recipe("gpt_postnorm.yaml")["model"]["init_args"]["arch"]
+    assert arch["norm_options"]["final_norm"] is True and arch["depth_scaled_init"] is False
