@@ -28,3 +28,8 @@ def test_postnorm_recipe_is_the_llama_post_ln_of_the_mixln_and_lns_repos():
     # NORM_TYPE=post keeps LlamaModel.norm after the last layer, with a flat 0.02 init.
     arch = recipe("gpt_postnorm.yaml")["model"]["init_args"]["arch"]
     assert arch["norm_options"]["final_norm"] is True and arch["depth_scaled_init"] is False
+
+
+def test_dyt_uses_the_flat_init_of_its_llama_reference():
+    # DyT's LLaMA builds on fms, whose linears all use trunc_normal_(std=0.02) with no depth scaling.
+    assert recipe("gpt_dyt.yaml")["model"]["init_args"]["arch"]["depth_scaled_init"] is False
