@@ -33,3 +33,9 @@ def test_postnorm_recipe_is_the_llama_post_ln_of_the_mixln_and_lns_repos():
 def test_dyt_uses_the_flat_init_of_its_llama_reference():
     # DyT's LLaMA builds on fms, whose linears all use trunc_normal_(std=0.02) with no depth scaling.
     assert recipe("gpt_dyt.yaml")["model"]["init_args"]["arch"]["depth_scaled_init"] is False
+
+
+def test_tokenformer_recipes_use_the_references_partial_rotary():
+    # Haiyang-W/TokenFormer configs/tokenformer/*.yml: "rotary_pct": 0.25; the grown model must match its source.
+    for name in ("gpt_tokenformer.yaml", "gpt_tokenformer_grow.yaml"):
+        assert recipe(name)["model"]["init_args"]["arch"]["rope_pct"] == 0.25, name
