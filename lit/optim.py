@@ -8,13 +8,17 @@ from functools import partial
 import torch
 from torch import nn
 
+from arch_plugins.weight_decay import decays
+
 
 def adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
-    """Matrices (and embeddings) decay; vectors (norm gains, biases, learnable scales) do not."""
+    """Matrices (and embeddings) decay; vectors (norm gains, biases, learnable scales) do not, unless the module
+    that owns a parameter declares otherwise (``arch_plugins.weight_decay.declare_weight_decay``)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    decay = decays(model)
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in params if decay[id(p)]], "weight_decay": weight_decay},
+        {"params": [p for p in params if not decay[id(p)]], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
 

@@ -295,7 +295,7 @@ def test_a_plugins_declared_scalar_reaches_mlflow_under_its_name(workdir):
     history = {m.step: m.value for m in client.get_metric_history(run.info.run_id,
                                                                   "diag/scalar/stack.blocks.0.attn_in.alpha")}
     assert set(history) == {0, 2, 3}  # every 2 steps and at the end
-    assert history[0] == pytest.approx(0.8)  # DyT's initial alpha before attention in an LM
+    assert history[0] == pytest.approx(1.0)  # DyT's initial alpha before attention in a narrow LM (Table 11)
     final = torch.load(next(workdir.glob("runs/*/*/checkpoints/last.ckpt")), weights_only=True)["state_dict"]
     assert history[3] == pytest.approx(float(final["model.stack.blocks.0.attn_in.alpha"]))
     assert history[3] != pytest.approx(0.8, abs=1e-6)

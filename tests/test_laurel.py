@@ -85,27 +85,61 @@ def randomise(merge: LaurelMerge) -> None:
             p.normal_(0.0, 0.5)
 
 
-def test_rw_lr_pa_formula_around_a_sublayer():
+def rw_lr_pa_carry(merge: LaurelMerge, xs: list[torch.Tensor], combination: str) -> torch.Tensor:
+    """The carry beta multiplies, by hand: eq. (6) x_i + sum_j g_j B_j A_j x_j; legacy sum_j g_j (I + B_j A_j) x_j."""
+    low = [lr.up.weight @ lr.down.weight for lr in merge.low_rank]  # B_j A_j as one (d, d) matrix
+    if combination == "eq6":
+        return xs[0] + sum(g * x @ m.T for g, x, m in zip(merge.gamma, xs, low, strict=True))
+    return sum(g * (x + x @ m.T) for g, x, m in zip(merge.gamma, xs, low, strict=True))
+
+
+@pytest.mark.parametrize("combination", ["eq6", "legacy"])
+def test_rw_lr_pa_formula_around_a_sublayer(combination):
     # The MLP of block 1 (0-based): the embedding and three sublayers came before, so 4 states, k = 3 used.
-    merge = registry.create("residual", "laurel_rw_lr_pa", {"rank": 3, "placement": "sublayer"}).merge("mlp", 1, INFO)
+    merge = registry.create("residual", "laurel_rw_lr_pa", {"rank": 3, "placement": "sublayer",
+                                                            "combination": combination}).merge("mlp", 1, INFO)
     randomise(merge)
     history, h, y = history_of(4, 2)
     alpha, beta = (2 * torch.softmax(merge.rw_logits, 0)).tolist()
-    xs = [h, history.states[-2], history.states[-3]]
-    carry = sum(g * (x + lr.up(lr.down(x))) for g, x, lr in zip(merge.gamma, xs, merge.low_rank, strict=True))
+    carry = rw_lr_pa_carry(merge, [h, history.states[-2], history.states[-3]], combination)
     torch.testing.assert_close(merge(h, y, history), alpha * y + beta * carry, atol=1e-5, rtol=1e-5)
 
 
-def test_rw_lr_pa_formula_around_a_block():
+@pytest.mark.parametrize("combination", ["eq6", "legacy"])
+def test_rw_lr_pa_formula_around_a_block(combination):
     # Once per block: x_i is the block's input, f the whole block, f(x_i) = h - x_i + y at the MLP merge.
-    merge = registry.create("residual", "laurel_rw_lr_pa", {"rank": 3}).merge("mlp", 2, INFO)
+    options = {"rank": 3, "combination": combination}
+    merge = registry.create("residual", "laurel_rw_lr_pa", options).merge("mlp", 2, INFO)
     randomise(merge)
     history, h, y = history_of(6, 3)
     alpha, beta = (2 * torch.softmax(merge.rw_logits, 0)).tolist()
-    x_i, x_1, x_2 = history.block_inputs[::-1]
-    carry = sum(g * (x + lr.up(lr.down(x))) for g, x, lr in
-                zip(merge.gamma, (x_i, x_1, x_2), merge.low_rank, strict=True))
+    x_i = history.block_inputs[-1]
+    carry = rw_lr_pa_carry(merge, history.block_inputs[::-1], combination)
     torch.testing.assert_close(merge(h, y, history), alpha * (h - x_i + y) + beta * carry, atol=1e-5, rtol=1e-5)
+
+
+def test_rw_lr_pa_defaults_to_the_papers_eq6_on_hand_made_tensors():
+    """Paper eq. (6): x_{i+1} = alpha f(x_i) + beta (x_i + sum_j gamma_j A_j B_j x_{i-j}); no identity path on the
+    earlier streams, no learned coefficient on x_i, gamma starting at 1. The old form added gamma_j x_{i-j}."""
+    d, info = 2, StackInfo(2, 4, 1, 4, causal=True)
+    merge = registry.create("residual", "laurel_rw_lr_pa", {"rank": 1, "placement": "sublayer"}).merge("mlp", 1, info)
+    assert merge.gamma.tolist() == [1.0, 1.0, 1.0]
+    with torch.no_grad():  # alpha = beta = 1; B_j A_j = [[0, j + 1], [0, 0]]: picks the second channel, times j + 1
+        for j, lr in enumerate(merge.low_rank):
+            lr.down.weight.copy_(torch.tensor([[0.0, 1.0]]))
+            lr.up.weight.copy_(torch.tensor([[j + 1.0], [0.0]]))
+        merge.gamma.copy_(torch.tensor([0.5, 2.0, -1.0]))
+    x0, x1, x2 = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0]), torch.tensor([5.0, 6.0])
+    history = ResidualHistory(states=[torch.zeros(d), x2, x1, x0], block_inputs=[])
+    y = torch.tensor([10.0, 20.0])
+    # eq6: y + x0 + 0.5*[1*2, 0] + 2*[2*4, 0] - 1*[3*6, 0] = [10 + 1 + 1 + 16 - 18, 20 + 2]
+    assert merge(x0, y, history).tolist() == [10.0, 22.0]
+    legacy = registry.create("residual", "laurel_rw_lr_pa", {"rank": 1, "placement": "sublayer",
+                                                             "combination": "legacy"}).merge("mlp", 1, info)
+    assert legacy.gamma.tolist() == [1.0, 0.0, 0.0]
+    legacy.load_state_dict(merge.state_dict())
+    # legacy: y + 0.5*(x0 + [2, 0]) + 2*(x1 + [8, 0]) - 1*(x2 + [18, 0])
+    assert legacy(x0, y, history).tolist() == [10.0 + 1.5 + 22.0 - 23.0, 20.0 + 1.0 + 8.0 - 6.0]
 
 
 def test_lr_pa_and_rw_formulas():
@@ -173,6 +207,20 @@ def test_gradients_reach_every_learnable_part(causal):
     grads = {n: p.grad for n, p in model.named_parameters() if "merge" in n}
     assert grads and all(g is not None for g in grads.values())
     for name, grad in grads.items():
+        if name.endswith(("down.weight", "gamma")):
+            # eq. (6): A and gamma learn once B has moved off zero; every B_j learns at once (gamma_j = 1).
+            assert not grad.any(), name
+        else:
+            assert grad.abs().min() > 0, name  # rw_logits, every B_j
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["lm", "encoder"])
+def test_gradients_reach_every_learnable_part_legacy(causal):
+    model = stack(causal, residual="laurel_rw_lr_pa", residual_options={"rank": 4, "combination": "legacy"})
+    model(torch.randn(2, T, D)).square().mean().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if "merge" in n}
+    assert grads and all(g is not None for g in grads.values())
+    for name, grad in grads.items():
         if name.endswith("down.weight") or (".up." in name and ".low_rank.0." not in name):
             # Zero-init couples: A learns once B has moved off zero, and B_j (j > 0) once gamma_j has.
             assert not grad.any(), name
@@ -187,6 +235,7 @@ def test_gradients_reach_every_learnable_part(causal):
     ("laurel_lr", {"placement": "attn"}, "placement must be 'block'"),
     ("laurel_lr", {"a_init": "orthogonal"}, "a_init must be 'structured'"),
     ("laurel_rw", {"rank": 4}, "has no option 'rank'"),
+    ("laurel_rw_lr_pa", {"combination": "sum"}, "combination must be 'eq6'"),
 ])
 def test_bad_options_say_what_to_do(name, options, message):
     with pytest.raises(registry.PluginError, match=message) as info:

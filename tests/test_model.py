@@ -61,6 +61,55 @@ def test_rope_matches_the_complex_formula():
     torch.testing.assert_close(RotaryEmbedding(d, T, base)(x.float()).double(), expected, atol=1e-5, rtol=1e-5)
 
 
+def full_rope_as_before(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """The RoPE of every head dim, computed exactly as lit/models/rope.py did before rope_pct existed."""
+    d, T = x.shape[-1], x.shape[-2]
+    inv_freq = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    cos, sin = angles.cos().float().to(x.dtype), angles.sin().float().to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def test_rope_pct_one_is_the_full_rope_exactly():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 12, 16)
+    assert torch.equal(RotaryEmbedding(16, 12, pct=1.0)(x), full_rope_as_before(x))
+    assert torch.equal(RotaryEmbedding(16, 12)(x), full_rope_as_before(x))
+    default, explicit = GPT(50, 16, tiny()), GPT(50, 16, tiny(rope_pct=1.0))
+    explicit.load_state_dict(default.state_dict())
+    idx = torch.randint(0, 50, (2, 16))
+    assert torch.equal(default(idx), explicit(idx))
+
+
+def test_rope_pct_rotates_only_the_leading_dims_of_each_head():
+    """GPT-NeoX / TokenFormer rotary_pct 0.25 with head_dim 16: dims 0..3 are a RoPE of dimension 4 (pairs (0, 2)
+    and (1, 3), frequencies 1 and base^(-1/2)); dims 4..15 pass through."""
+    torch.manual_seed(0)
+    T, base = 6, 10000.0
+    x = torch.randn(1, 2, T, 16, dtype=torch.float64)
+    out = RotaryEmbedding(16, T, base, pct=0.25)(x.float()).double()
+    expected = x.clone()
+    for t in range(T):
+        for i, freq in ((0, 1.0), (1, base ** -0.5)):  # pair (i, i + 2)
+            c, s = math.cos(t * freq), math.sin(t * freq)
+            a, b = x[..., t, i], x[..., t, i + 2]
+            expected[..., t, i], expected[..., t, i + 2] = a * c - b * s, a * s + b * c
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[..., 4:], x[..., 4:].float().double())
+    partial, full = GPT(50, 16, tiny(rope_pct=0.25)), GPT(50, 16, tiny())
+    partial.load_state_dict(full.state_dict())
+    idx = torch.randint(0, 50, (2, 16))
+    assert not torch.allclose(partial(idx), full(idx))  # the stack passes rope_pct through
+
+
+@pytest.mark.parametrize("pct", [0.0, 1.5, 0.1])
+def test_rope_pct_that_rotates_no_even_number_of_dims_is_refused(pct):
+    with pytest.raises(ValueError, match="rope_pct"):
+        RotaryEmbedding(16, 8, pct=pct)
+
+
 # --- GPT ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("positions", ["rope", "learned", "none"])

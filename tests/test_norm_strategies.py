@@ -194,17 +194,34 @@ def test_dyt_formula():
 
 def test_dyt_defaults_follow_the_kind_of_stack():
     lm = stack(True, norm="dyt")
-    assert [(b.attn_in.alpha.item(), b.mlp_in.alpha.item()) for b in lm.blocks] == [pytest.approx((0.8, 0.2))] * 3
-    assert lm.final.alpha.item() == pytest.approx(0.2) and lm.final.bias is None
+    assert [(b.attn_in.alpha.item(), b.mlp_in.alpha.item()) for b in lm.blocks] == [pytest.approx((1.0, 1.0))] * 3
+    assert lm.final.alpha.item() == pytest.approx(1.0) and lm.final.bias is None
     assert isinstance(lm.embedding, LearnableScale) and lm.embedding.scale.item() == pytest.approx(math.sqrt(D))
     vit = stack(False, norm="dyt")
     alphas = [m.alpha.item() for m in vit.modules() if isinstance(m, DynamicTanh)]
     assert alphas == [0.5] * 7 and vit.final.bias is not None and isinstance(vit.embedding, nn.Identity)
     custom = stack(True, norm="dyt", norm_options={"alpha_attn": 1.5, "alpha_final": 0.1, "bias": True,
                                                    "embedding_scale": False})
-    assert custom.blocks[0].attn_in.alpha.item() == 1.5 and custom.blocks[0].mlp_in.alpha.item() == pytest.approx(0.2)
+    assert custom.blocks[0].attn_in.alpha.item() == 1.5 and custom.blocks[0].mlp_in.alpha.item() == pytest.approx(1.0)
     assert custom.final.alpha.item() == pytest.approx(0.1) and custom.final.bias is not None
     assert isinstance(custom.embedding, nn.Identity)
+
+
+@pytest.mark.parametrize(("d_model", "expected"), [
+    (128, (1.0, 1.0, 1.0)), (1024, (1.0, 1.0, 1.0)), (1536, (1.0, 0.5, 0.5)), (2048, (1.0, 0.5, 0.5)),
+    (4096, (0.8, 0.2, 0.2)), (8192, (0.2, 0.05, 0.05))])
+def test_dyt_lm_alpha_follows_the_papers_width_rule(d_model, expected):
+    """DyT paper Table 11: alpha0 (attention / other) 1.0/1.0 at width 1024, 1.0/0.5 at 2048, 0.8/0.2 at 4096,
+    0.2/0.05 at 8192; width, not depth, sets it. The 7B values (0.8 / 0.2 / 0.2) at d=128 fail this."""
+    strategy = registry.create("norm", "dyt")
+    info = StackInfo(d_model=d_model, num_layers=4, num_heads=4, mlp_hidden=4 * d_model, causal=True)
+    got = tuple(strategy.site(s, d_model, layer, info).alpha.item()
+                for s, layer in ((Site.ATTN_IN, 0), (Site.MLP_IN, 0), (Site.FINAL, None)))
+    assert got == pytest.approx(expected)
+    encoder = StackInfo(d_model=d_model, num_layers=4, num_heads=4, mlp_hidden=4 * d_model, causal=False)
+    assert strategy.site(Site.MLP_IN, d_model, 0, encoder).alpha.item() == 0.5  # encoders keep 0.5 at any width
+    override = registry.create("norm", "dyt", {"alpha_mlp": 0.3})
+    assert override.site(Site.MLP_IN, d_model, 0, info).alpha.item() == pytest.approx(0.3)
 
 
 def test_dyt_refuses_a_nonpositive_alpha():

@@ -26,7 +26,7 @@ def model(arch: dict, dropout: float = 0.0) -> LanguageModel:
     torch.manual_seed(0)
     cfg = TransformerConfig(d_model=32, n_layers=3, n_heads=2, dropout=dropout, **arch)
     m = LanguageModel(vocab_size=17, block_size=16, arch=cfg)
-    with torch.no_grad():  # move every parameter off its init (LAUREL's B and PA's gammas start at zero)
+    with torch.no_grad():  # move every parameter off its init (LAUREL's B starts at zero, and so do legacy PA's gammas)
         for p in m.parameters():
             p.add_(0.05 * torch.randn_like(p))
     return m

@@ -15,7 +15,9 @@ class PostNormStrategy(NormStrategy):
         base: the norm layer, ``rmsnorm`` or ``layernorm``.
         eps: that layer's epsilon (None: its own default).
         final_norm: add a norm before the head. Off by default, as in the original Transformer and
-            BERT: the last sublayer's norm already hands the head a normalised stream.
+            BERT: the last sublayer's norm already hands the head a normalised stream. On in the
+            LLaMA-style Post-LN baselines of the Mix-LN and LayerNorm-Scaling repos (NORM_TYPE=post keeps
+            LlamaModel.norm, pixeli99/MixLN modeling_llama.py:1077), which recipes/gpt_postnorm.yaml follows.
     """
 
     SITES = (Site.ATTN_AFTER_ADD, Site.MLP_AFTER_ADD)

@@ -10,9 +10,21 @@ One form covers every variant. Around a function f of the stream x_i (a sublayer
 - PA (previous activations): k > 1 earlier streams, gamma learned, initialised (1, 0, ..., 0);
   without PA, k = 1 and gamma_0 = 1 is fixed.
 
-This is the paper's formula for RW, LR, RW+LR, RW+PA and RW+LR+PA. For PA alone the paper writes
+This is the paper's formula for RW, LR, RW+LR and RW+PA. For PA alone the paper writes
 ``f(x_i) + x_i + sum_j gamma'_j x_{i-j}``, the same family with gamma_0 = 1 + gamma'_0. At init every
 variant is the plain residual x_i + f(x_i) (B = 0, gamma = (1, 0, ...), alpha = beta = 1).
+
+RW+LR+PA has its own equation in the paper (arXiv 2411.07501v4, eq. (6)), which is not the general form
+above: the earlier streams enter only through their low-rank products, and x_i is carried with a fixed
+coefficient 1::
+
+    x_{i+1} = alpha * f(x_i) + beta * (x_i + sum_{j<k} gamma_j * B_j A_j x_{i-j})       (combination="eq6")
+
+That is the default of ``laurel_rw_lr_pa``, with gamma initialised to 1 (the paper gives no init; with
+gamma_j = 0 and B_j = 0 neither would ever get a gradient). B = 0 still makes it the plain residual at init.
+``combination="legacy"`` keeps this project's earlier reading, the general form above with h_j = I + B_j A_j
+(identity paths gamma_j x_{i-j} and a learned gamma_0 on x_i, gamma = (1, 0, ...)): the two are equal at
+init but learn different function families.
 
 Where LAUREL sits (``placement``): ``block`` (default) wraps each transformer block once, f being
 the block's two sublayers with their inner plain residual, x_i the block's input: the paper's LLM
@@ -41,6 +53,7 @@ from arch_plugins.residuals.add import Add
 WEIGHTINGS = ("softmax", "sigmoid")
 A_INITS = ("structured", "xavier")
 PLACEMENTS = ("block", "sublayer")
+COMBINATIONS = ("eq6", "legacy")
 
 
 class LowRank(nn.Module):
@@ -69,15 +82,17 @@ class LaurelMerge(ResidualMerge):
     """One LAUREL instance: x_{i+1} = alpha f(x_i) + beta sum_j gamma_j (x_{i-j} + B_j A_j x_{i-j})."""
 
     def __init__(self, dim: int, *, wraps_block: bool, weights: str | None, rank: int | None,
-                 gammas: int | None, a_init: str):
+                 gammas: int | None, a_init: str, combination: str = "legacy"):
         super().__init__()
         self.wraps_block, self.weights = wraps_block, weights
+        # eq6: the earlier streams enter only through gamma_j B_j A_j, x_i with coefficient 1 (paper eq. (6)).
+        self.eq6 = combination == "eq6"
         # RW: logits of (alpha, beta).
         self.rw_logits = nn.Parameter(torch.zeros(2)) if weights is not None else None
         # PA: one gamma per earlier stream that exists at this depth (the first layers see fewer than k).
         self.gamma = None
         if gammas is not None:
-            self.gamma = nn.Parameter(torch.zeros(gammas))
+            self.gamma = nn.Parameter(torch.ones(gammas) if self.eq6 else torch.zeros(gammas))
             with torch.no_grad():
                 self.gamma[0] = 1.0
         terms = gammas or 1
@@ -107,7 +122,7 @@ class LaurelMerge(ResidualMerge):
         delta = torch.zeros_like(x_i)
         for j, x in enumerate(xs):
             gamma = self.gamma[j] if self.gamma is not None else None
-            if gamma is not None:
+            if gamma is not None and not self.eq6:
                 delta = delta + (gamma - 1 if j == 0 else gamma) * x
             if self.low_rank is not None:
                 lr = self.low_rank[j](x)
@@ -132,7 +147,7 @@ class LaurelResidual(ResidualType):
     """LAUREL with any combination of RW, LR and PA (the named variants below fix which)."""
 
     def __init__(self, *, weights: str | None = None, rank: int | None = None, previous: int | None = None,
-                 a_init: str = "structured", placement: str = "block"):
+                 a_init: str = "structured", placement: str = "block", combination: str = "legacy"):
         if weights is not None and weights not in WEIGHTINGS:
             raise ValueError(f"weights bounds alpha and beta: give 'softmax' or 'sigmoid', got {weights!r}")
         if rank is not None and (not isinstance(rank, int) or rank < 1):
@@ -145,7 +160,13 @@ class LaurelResidual(ResidualType):
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be 'block' (once per transformer block) or 'sublayer' "
                              f"(around attention and MLP each), got {placement!r}")
+        if combination not in COMBINATIONS:
+            raise ValueError(f"combination must be 'eq6' (the paper's RW+LR+PA: x_i + sum_j gamma_j B_j A_j x_(i-j)) "
+                             f"or 'legacy' (sum_j gamma_j (I + B_j A_j) x_(i-j)), got {combination!r}")
+        if combination == "eq6" and (rank is None or previous is None):
+            raise ValueError("combination 'eq6' needs both rank (LR) and previous (PA)")
         self.weights, self.rank, self.previous, self.a_init, self.placement = weights, rank, previous, a_init, placement
+        self.combination = combination
 
     def merge(self, sublayer: str, layer: int, stack: StackInfo) -> ResidualMerge:
         wraps_block = self.placement == "block"
@@ -160,7 +181,7 @@ class LaurelResidual(ResidualType):
             available = layer + 1 if wraps_block else 2 * layer + (1 if sublayer == "attn" else 2)
             gammas = min(self.previous, available)
         return LaurelMerge(stack.d_model, wraps_block=wraps_block, weights=self.weights, rank=self.rank,
-                           gammas=gammas, a_init=self.a_init)
+                           gammas=gammas, a_init=self.a_init, combination=self.combination)
 
 
 class LaurelRW(LaurelResidual):
@@ -219,7 +240,7 @@ class LaurelRWLR(LaurelResidual):
 
 
 class LaurelRWLRPA(LaurelResidual):
-    """LAUREL-RW+LR+PA: alpha f(x_i) + beta sum_j gamma_j (I + B_j A_j) x_{i-j}, the paper's best small LLM.
+    """LAUREL-RW+LR+PA: alpha f(x_i) + beta (x_i + sum_j gamma_j B_j A_j x_{i-j}), eq. (6), the paper's best small LLM.
 
     Args:
         weights: ``softmax`` or ``sigmoid`` (see laurel_rw).
@@ -227,8 +248,11 @@ class LaurelRWLRPA(LaurelResidual):
         previous: k.
         a_init: ``structured`` or ``xavier``.
         placement: ``block`` or ``sublayer``.
+        combination: ``eq6`` (the paper's eq. (6), gamma init 1) or ``legacy``
+            (alpha f + beta sum_j gamma_j (I + B_j A_j) x_{i-j}, gamma init (1, 0, ...)).
     """
 
     def __init__(self, weights: str = "softmax", rank: int = 32, previous: int = 3, a_init: str = "structured",
-                 placement: str = "block"):
-        super().__init__(weights=weights, rank=rank, previous=previous, a_init=a_init, placement=placement)
+                 placement: str = "block", combination: str = "eq6"):
+        super().__init__(weights=weights, rank=rank, previous=previous, a_init=a_init, placement=placement,
+                         combination=combination)

@@ -2,6 +2,11 @@
 
 Each pair (x_i, x_{i+d/2}) is rotated by angle pos * base^(-2i/d): a true rotation, so norms are kept
 and q_m . k_n depends only on m - n (tests check both; nGPT's reference code gets this wrong).
+
+Partial rotary (GPT-NeoX's ``rotary_pct``, which TokenFormer's configs set to 0.25): only the first
+r = int(pct * head_dim) dims of each head are rotated, as a RoPE of dimension r (frequencies base^(-2i/r),
+pairs (x_i, x_{i+r/2})); the other dims pass through unchanged (Haiyang-W/TokenFormer
+megatron/model/tokenformer.py:255-264, 447-455). pct = 1 is the full RoPE above, computed as before.
 """
 
 from __future__ import annotations
@@ -10,12 +15,24 @@ import torch
 from torch import nn
 
 
+def rotary_dims(head_dim: int, pct: float) -> int:
+    """How many leading dims of a head RoPE rotates: int(pct * head_dim), which must be even and positive."""
+    if not 0 < pct <= 1:
+        raise ValueError(f"rope_pct is the fraction of each head that RoPE rotates, in (0, 1], got {pct}")
+    dims = int(head_dim * pct)
+    if dims < 2 or dims % 2:
+        raise ValueError(f"rope_pct={pct} rotates {dims} of the {head_dim} dims of each head; RoPE needs an even "
+                         f"number of at least 2: choose rope_pct so that rope_pct * head_dim is even")
+    return dims
+
+
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, pct: float = 1.0):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        self.head_dim, self.dims = head_dim, rotary_dims(head_dim, pct)
+        inv_freq = base ** (-torch.arange(0, self.dims, 2, dtype=torch.float64) / self.dims)
         angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)  # (T, d/2)
         angles = torch.cat([angles, angles], dim=-1)
         # Not persistent: derived from the config, so checkpoints stay independent of max_len.
@@ -24,6 +41,12 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (B, H, T, head_dim), positions 0..T-1."""
+        if self.dims < self.head_dim:
+            rotated, passed = x.split([self.dims, self.head_dim - self.dims], dim=-1)
+            return torch.cat([self._rotate(rotated), passed], dim=-1)
+        return self._rotate(x)
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[-2]
         cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)

@@ -42,6 +42,8 @@ class TransformerConfig:
     drop_path: float = 0.0
     positions: Literal["rope", "learned", "none"] = "rope"
     rope_base: float = 10000.0
+    # Fraction of each head's dims that RoPE rotates (GPT-NeoX's rotary_pct; TokenFormer uses 0.25); 1: all of them.
+    rope_pct: float = 1.0
     init_std: float = 0.02
     # GPT-2's scaling of the projections that write to the stream by 1/sqrt(2 * n_layers).
     depth_scaled_init: bool = True
@@ -201,7 +203,7 @@ class TransformerStack(nn.Module):
         self.info = StackInfo(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.resolved_mlp_hidden(), causal)
         self.plugins = Plugins(cfg)
         norm = self.plugins.norm
-        self.rope = (RotaryEmbedding(self.info.head_dim, max_len, cfg.rope_base)
+        self.rope = (RotaryEmbedding(self.info.head_dim, max_len, cfg.rope_base, cfg.rope_pct)
                      if cfg.positions == "rope" else None)
         self.embedding = _site(norm, Site.EMBEDDING, cfg.d_model, None, self.info)
         self.stream = self.plugins.residual.stream(self.info)
