@@ -201,6 +201,8 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_children(tmp_path):
         for line in proc.stdout:  # kill the whole sweep (and its running child) once a child has finished
             if line.startswith("done "):
                 break
+        else:
+            pytest.fail("the sweep ended before any child finished")
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
