@@ -42,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
                    help="a config key and its values; several --vary make a grid")
     p.add_argument("--variant", action="append", default=[], metavar="KEY=V[,KEY=V]",
                    help="one more variant (several keys at once; config=FILE layers a YAML file); with only "
-                        "--variant options the unchanged recipe is the first variant")
+                        "--variant options the unchanged recipe is the first variant; with neither --vary nor "
+                        "--variant the recipe alone runs over the seeds")
     p.add_argument("--seeds", type=int, default=3, help="seeds per variant (default 3)")
     p.add_argument("--seed_base", type=int, default=None,
                    help="first seed (default: the recipe's seed_everything, else 0); seeds are consecutive")

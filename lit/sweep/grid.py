@@ -123,7 +123,8 @@ class Tuning:
 
 def build_variants(vary: list[str], variants: list[str]) -> list[Variant]:
     """The grid of ``--vary`` options, then each ``--variant``. With only ``--variant`` options the recipe
-    itself comes first (an ablation swaps one thing at a time against it)."""
+    itself comes first (an ablation swaps one thing at a time against it); with neither, the recipe alone
+    runs over the seeds (a replication: its mean and interval)."""
     axes = [parse_values(v, "--vary") for v in vary]
     keys = [k for k, _ in axes]
     if len(set(keys)) != len(keys):
@@ -135,7 +136,7 @@ def build_variants(vary: list[str], variants: list[str]) -> list[Variant]:
         out.append({})
     out += explicit
     if not out:
-        raise UserInputError("a sweep needs something to vary: --vary KEY=V1,V2 or --variant KEY=V")
+        out.append({})  # nothing varied: the recipe alone, replicated over the seeds (its spread, its interval)
     result, seen = [], {}
     for overrides in out:
         label = label_of(overrides)
