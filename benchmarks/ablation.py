@@ -8,7 +8,7 @@ written by ``cli.py compare`` to ``docs/ablation/`` and logged into the sweep's 
 
 Run from the repository root::
 
-    python -m benchmarks.ablation                 # 75 runs of 300 steps x 16 x 64 tokens; ~35 min on 2 cores
+    python -m benchmarks.ablation                 # 75 runs of 300 steps x 16 x 64 tokens; 45 min on 2 shared cores
     python -m benchmarks.ablation --quick         # 2 variants, 2 seeds, 10 steps: checks the pipeline
     python -m benchmarks.ablation --report-only   # the report again from the runs in the store
     mlflow ui --backend-store-uri sqlite:///benchmarks/out/ablation.db
