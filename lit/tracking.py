@@ -92,7 +92,7 @@ class MLflowLogger(MLFlowLogger):
         if system_metrics_interval <= 0:
             raise UserInputError(f"system_metrics_interval must be a positive number of seconds, got "
                                  f"{system_metrics_interval}; or set system_metrics: false")
-        tracking_uri = absolute_sqlite(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+        tracking_uri = resolve_tracking_uri(tracking_uri)
         # Every process builds a client, which creates the tables of a new sqlite database; processes
         # started together (torchrun, SLURM) would race in MLflow's migrations and one would crash.
         with sqlite_creation_lock(tracking_uri):
@@ -258,6 +258,12 @@ def log_params(client: MlflowClient, run_id: str, params: dict[str, Any],
 def describe_changes(changed: dict[str, tuple[str, str]], limit: int = 5) -> str:
     shown = ", ".join(f"{k} ({old[:40]} -> {new[:40]})" for k, (old, new) in list(changed.items())[:limit])
     return shown + (f" and {len(changed) - limit} more" if len(changed) > limit else "")
+
+
+def resolve_tracking_uri(given: str | None) -> str:
+    """The store a run, a sweep or a comparison uses: the URI given, else ``$MLFLOW_TRACKING_URI`` (read now,
+    not at import), else ``sqlite:///mlflow.db``; a relative sqlite path is resolved against this folder."""
+    return absolute_sqlite(given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
 
 
 def absolute_sqlite(uri: str) -> str:

@@ -9,7 +9,6 @@ stderr and exit code 2, like the rest of the CLI.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,9 +16,10 @@ from typing import TYPE_CHECKING
 from lit.compare.analysis import Analysis, analyze, untestable
 from lit.compare.plots import draw_all
 from lit.compare.report import render
-from lit.compare.runs import connect, find_parent, load_sweep, resolve_tracking_uri
+from lit.compare.runs import connect, find_parent, load_sweep
 from lit.errors import OneLineArgumentParser, UserInputError
 from lit.sweep import protocol
+from lit.tracking import resolve_tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
 
 def compare(args: argparse.Namespace) -> int:
     """The command once its arguments are parsed: read, analyse, draw, write, publish."""
-    client = connect(resolve_tracking_uri(args.tracking_uri, os.environ))
+    client = connect(resolve_tracking_uri(args.tracking_uri))
     parent = find_parent(client, experiment=args.experiment, sweep_run_id=args.sweep)
     sweep = load_sweep(client, parent, args.metric)
     analysis = analyze(sweep, sweep.metric, args.baseline, args.confidence)

@@ -19,7 +19,6 @@ import pandas as pd
 
 from lit.errors import UserInputError
 from lit.sweep import protocol
-from lit.tracking import DEFAULT_TRACKING_URI, absolute_sqlite
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -58,12 +57,6 @@ class Sweep:
     @property
     def sweep_id(self) -> str:
         return str(self.protocol.get("sweep_id") or self.parent_id)
-
-
-def resolve_tracking_uri(given: str | None, environ: dict[str, str]) -> str:
-    """The URI ``--tracking_uri`` names, else ``$MLFLOW_TRACKING_URI``, else the training default: the same
-    store training wrote to when launched from the same folder."""
-    return absolute_sqlite(given or environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
 
 
 def connect(uri: str) -> MlflowClient:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import re
 import sys
 import time
@@ -146,11 +145,11 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     from mlflow import MlflowClient
 
     from lit.sweep.store import child_runs, find_or_create_parent, finished_by_key, mark_stale_runs
-    from lit.tracking import DEFAULT_TRACKING_URI, absolute_sqlite, sqlite_creation_lock
+    from lit.tracking import resolve_tracking_uri, sqlite_creation_lock
 
     proto, children = build_protocol(a, fit_options)
     experiment = a.experiment or f"sweep-{Path(a.config).stem}"
-    uri = absolute_sqlite(a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+    uri = resolve_tracking_uri(a.tracking_uri)
     out = Path(a.out or Path("sweeps") / proto["sweep_id"][:8]).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with sqlite_creation_lock(uri):
