@@ -299,3 +299,15 @@ def test_a_missing_recipe_is_one_line(workdir, capsys):
 def test_help_explains_the_command():
     out = subprocess.run([sys.executable, str(REPO / "cli.py"), "sweep", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--tune" in out.stdout and "data.seed" in out.stdout
+
+
+def test_child_runs_are_read_across_mlflow_pages(tmp_path, monkeypatch):
+    from lit.sweep import store
+
+    client = client_for(tmp_path)
+    experiment = client.create_experiment("paged")
+    for i in range(5):
+        client.create_run(experiment, tags={P.ROLE: P.CHILD, P.SWEEP_ID: "s1", P.CHILD_KEY: f"k{i}"})
+    monkeypatch.setattr(store, "PAGE", 2)  # 5 runs: 3 pages; one page would miss finished children on resume
+    assert sorted(r.data.tags[P.CHILD_KEY] for r in store.child_runs(client, experiment, "s1")) == [
+        f"k{i}" for i in range(5)]

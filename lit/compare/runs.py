@@ -19,6 +19,7 @@ import pandas as pd
 
 from lit.errors import UserInputError
 from lit.sweep import protocol
+from lit.sweep.store import search_all_runs
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -81,7 +82,7 @@ def find_parent(client: MlflowClient, experiment: str | None = None, sweep_run_i
         listed = ", ".join(repr(n) for n in names) if names else "none"
         raise UserInputError(f"no experiment named {experiment!r} in this tracking store (experiments: {listed}); "
                              "pass one of them to --experiment, or --tracking_uri for another store")
-    parents = client.search_runs([found.experiment_id], f"tags.`{protocol.ROLE}` = 'parent'",
+    parents = client.search_runs([found.experiment_id], f"tags.`{protocol.ROLE}` = '{protocol.PARENT}'",
                                  order_by=["attributes.start_time DESC"], max_results=1)
     if not parents:
         raise UserInputError(f"experiment {experiment!r} has no sweep parent run (tag {protocol.ROLE} = parent); "
@@ -137,17 +138,6 @@ def _no_progress_bar() -> Iterator[None]:
             os.environ.pop(PROGRESS_BAR, None)
         else:
             os.environ[PROGRESS_BAR] = saved
-
-
-def search_all_runs(client: MlflowClient, experiment_id: str, filter_string: str) -> list[Run]:
-    """Every run matching ``filter_string``, across MLflow's pages (a wide sweep has more than a page)."""
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], filter_string, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
 
 
 def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) -> Sweep:

@@ -18,7 +18,7 @@ from mlflow.entities import Run, RunStatus
 from lit.errors import UserInputError
 from lit.sweep import protocol as P
 
-MAX_RESULTS = 5000
+PAGE = 1000  # runs per search request
 
 
 def find_or_create_parent(client: MlflowClient, experiment: str, proto: dict) -> tuple[str, bool]:
@@ -58,9 +58,20 @@ def experiment_id_for(client: MlflowClient, name: str, create: bool = False) -> 
     return experiment.experiment_id
 
 
+def search_all_runs(client: MlflowClient, experiment_id: str, filter_string: str) -> list[Run]:
+    """Every run matching ``filter_string``, across MLflow's pages (a wide sweep has more than a page; one page
+    would make a resumed sweep rerun the finished children it did not see)."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string, max_results=PAGE, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
 def child_runs(client: MlflowClient, experiment_id: str, sweep: str) -> list[Run]:
-    return client.search_runs([experiment_id], f"tags.`{P.SWEEP_ID}` = '{sweep}' and tags.`{P.ROLE}` = '{P.CHILD}'",
-                              max_results=MAX_RESULTS)
+    return search_all_runs(client, experiment_id, f"tags.`{P.SWEEP_ID}` = '{sweep}' and tags.`{P.ROLE}` = '{P.CHILD}'")
 
 
 def finished_by_key(runs: list[Run]) -> dict[str, Run]:
