@@ -51,13 +51,13 @@ def renormalize_(model: nn.Module, eps: float = 0.0) -> int:
     across_shards: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its local shard)
     for _, param, dim in unit_norm_parameters(model):
         count += 1
-        if _is_dtensor(param) and _fsdp2_layout(param):
+        if is_dtensor(param) and _fsdp2_layout(param):
             local = param.to_local()
             if dim % param.dim() == 0:
                 across_shards.append((param, local))
             else:
                 _normalize_(local, dim, eps)
-        elif _is_dtensor(param):
+        elif is_dtensor(param):
             _normalize_dtensor_(param, dim, eps)
         else:
             _normalize_(param, dim, eps)
@@ -106,7 +106,7 @@ def _normalize_dtensor_(param: torch.Tensor, dim: int, eps: float) -> None:
     param.copy_(normalized)
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
+def is_dtensor(t: torch.Tensor) -> bool:
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch built without distributed support: there are no DTensors either

@@ -28,8 +28,9 @@ from typing import Any
 import lightning as L
 import torch
 
+from arch_plugins.constraints import is_dtensor
 from lit.diagnostics.config import DiagnosticsConfig
-from lit.diagnostics.norms import GLOBAL, ParameterGroups, is_dtensor
+from lit.diagnostics.norms import GLOBAL, ParameterGroups
 from lit.diagnostics.probe import probe
 from lit.diagnostics.scalars import scalar_values
 from lit.diagnostics.spikes import SpikeDetector

@@ -21,8 +21,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from arch_plugins.constraints import is_dtensor
 from lit.errors import UserInputError
 from lit.models.transformer import MLP, Block
+from lit.parallel import blocks as model_blocks
 
 GLOBAL = "global"
 # Path segments that wrappers may insert (torch.compile of a whole module, checkpoint and FSDP1 wrappers).
@@ -58,7 +60,7 @@ class ParameterGroups:
     """
 
     def __init__(self, model: nn.Module):
-        blocks = [m for m in model.modules() if isinstance(m, Block)]
+        blocks = model_blocks(model)
         where: dict[int, list[str]] = {}
         for index, block in enumerate(blocks):
             for path, param in block.named_parameters():
@@ -146,11 +148,3 @@ def _sharded(t: torch.Tensor) -> bool:
     raise UserInputError(f"diagnostics cannot compute global norms of a parameter laid out as {t.placements} on a "
                          f"{t.device_mesh.ndim}-D mesh (FSDP2 on a 1-D mesh is supported); drop 'grads' and 'spikes' "
                          "from --model.diagnostics.record")
-
-
-def is_dtensor(t: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch built without distributed support: no DTensors either
-        return False
-    return isinstance(t, DTensor)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from arch_plugins.constraints import is_dtensor
 from arch_plugins.diagnostics import declared_diagnostics
-from lit.diagnostics.norms import is_dtensor
 
 
 @torch.no_grad()
