@@ -80,6 +80,7 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
     separate: a y axis fit to the whole run would hide differences of the size the report tests."""
     shown = [v for v in analysis.variants if not v.curve.empty]
     since = late_window([v.curve for v in shown])
+    in_view = typical(shown)  # what the zoomed panel's axis fits
     fig = Figure(figsize=(12, 4.5) if since is not None else (7.5, 4.5), layout="constrained")
     panels = fig.subplots(1, 2) if since is not None else [fig.add_subplot()]
     colors = variant_colors(analysis)
@@ -94,7 +95,7 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
                                 color=colors[variant.label], alpha=0.18, linewidth=0)
         ax.axhline(analysis.target, color="0.35", linestyle=":", linewidth=1,
                    label=f"final mean of {analysis.baseline}")
-        fitted = shown if start is None else typical(shown)
+        fitted = shown if start is None else in_view
         limits = visible_range([v.curve for v in fitted], start)
         if limits is not None:
             ax.set_ylim(*limits)
@@ -104,7 +105,7 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
     panels[0].set_title(f"{analysis.metric}, mean ± std over seeds ({better} is better; first point off the axis)",
                         fontsize="medium")
     if since is not None:
-        off = [v.label for v in shown if v not in typical(shown)]
+        off = [v.label for v in shown if v not in in_view]
         panels[1].set_title(f"from step {since:g}" + (f"; off the axis: {', '.join(off)}" if off else ""),
                             fontsize="medium")
     panels[-1].legend(fontsize="small")
