@@ -31,8 +31,9 @@ class TransformerConfig:
     d_model: int = 256
     n_layers: int = 6
     n_heads: int = 4
-    mlp: Literal["swiglu", "gelu"] = "swiglu"
-    # Hidden width of the MLP; None: 4*d for GELU, 2/3 of that (rounded up to 64) for SwiGLU,
+    # relu2: ReLU(x)^2 (Primer; modded-nanogpt's MLP).
+    mlp: Literal["swiglu", "gelu", "relu2"] = "swiglu"
+    # Hidden width of the MLP; None: 4*d for GELU and ReLU^2, 2/3 of that (rounded up to 64) for SwiGLU,
     # so both have the same parameter count.
     mlp_hidden: int | None = None
     bias: bool = False
@@ -57,7 +58,7 @@ class TransformerConfig:
     def resolved_mlp_hidden(self) -> int:
         if self.mlp_hidden is not None:
             return self.mlp_hidden
-        if self.mlp == "gelu":
+        if self.mlp in ("gelu", "relu2"):
             return 4 * self.d_model
         return 64 * math.ceil(4 * self.d_model * 2 / 3 / 64)
 
@@ -131,12 +132,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU MLP or SwiGLU (value * silu(gate)) with a norm-strategy site on the hidden pre-activation."""
+    """GELU or ReLU^2 MLP, or SwiGLU (value * silu(gate)), with a norm-strategy site on the hidden pre-activation."""
 
     def __init__(self, cfg: TransformerConfig, stack: StackInfo, layer: int, plugins: Plugins):
         super().__init__()
         d, hidden, proj = cfg.d_model, stack.mlp_hidden, plugins.projection
-        self.gated = cfg.mlp == "swiglu"
+        self.gated, self.relu2 = cfg.mlp == "swiglu", cfg.mlp == "relu2"
         widths, roles = ([hidden, hidden], [Role.MLP_IN, Role.MLP_GATE]) if self.gated else ([hidden], [Role.MLP_IN])
         self.up = proj.fused(d, widths, roles, layer, stack, bias=cfg.bias, init_std=_init_std(cfg, Role.MLP_IN))
         self.hidden = _site(plugins.norm, Site.MLP_HIDDEN, sum(widths), layer, stack)
@@ -150,6 +151,8 @@ class MLP(nn.Module):
         if self.gated:
             value, gate = u.chunk(2, dim=-1)
             return self.down(value * F.silu(gate))
+        if self.relu2:
+            return self.down(F.relu(u).square())
         return self.down(F.gelu(u))
 
 
