@@ -88,6 +88,27 @@ for kind, name, options in (("norm", "hypersphere", {}), ("residual", "ngpt", {}
         assert "use kernel: auto" in line
 
 
+@pytest.mark.slow
+def test_benchmark_runs_end_to_end_in_its_dry_mode():
+    pytest.importorskip("triton")
+    out = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--dry", "--no_compile"], capture_output=True,
+                         text=True, cwd=REPO, timeout=900, env=subprocess_env())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for line in ("| ngpt_stream_update |", "| ngpt/kernels |", "| pattention_ffn/kernels |",
+                 "ngpt_vs_gpt_step (kernels)", "pattention_vs_mlp_step (kernels)", "Dry run"):
+        assert line in out.stdout, line
+
+
+def test_benchmark_on_cpu_without_dry_says_it_needs_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from benchmarks import kernels
+
+    with pytest.raises(SystemExit) as info:
+        kernels.main([])
+    assert info.value.code == 2
+
+
 # --- on a GPU: compiled, at real shapes (d 1024, 512 tokens x 4, TokenFormer's FFN n = 4096) ------------------
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available() or dispatch.interpreting(), reason="needs a CUDA GPU")
