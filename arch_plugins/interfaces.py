@@ -127,6 +127,21 @@ class ResidualMerge(nn.Module):
     def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
         raise NotImplementedError
 
+    def fuse(self, branch_site: nn.Module, after_add_site: nn.Module) -> bool:
+        """Offer to run the sublayer's tail as one step; True takes it, and the block then calls ``fused``.
+
+        The tail is ``y = branch_site(raw); h = after_add_site(self(h, y, history))`` (the ``*_out`` site, this
+        merge, the ``*_after_add`` site). A merge that knows both sites can compute it in one pass (nGPT's
+        normalise-interpolate-normalise as one kernel). Asked once, when the block is built, and only where
+        nothing stands between the sites and the merge (no stochastic depth). Default: decline.
+        A merge that accepts must not register the sites as its submodules (the block owns them).
+        """
+        return False
+
+    def fused(self, h: torch.Tensor, raw: torch.Tensor, history: ResidualHistory) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused tail: (the new stream, ``branch_site(raw)``), the second for ``history.branches``."""
+        raise NotImplementedError
+
 
 class ResidualStream(nn.Module):
     """Stream-level state of a residual type: e.g. expanding into several streams and reducing back."""

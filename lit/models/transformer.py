@@ -178,18 +178,31 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         rate = cfg.drop_path * layer / max(1, cfg.n_layers - 1)
         self.drop_path = DropPath(rate) if rate > 0 else nn.Identity()
+        # A merge may take over its sublayer's tail (out site, merge, after-add site) and run it fused; not
+        # when stochastic depth stands between the out site and the merge.
+        fusable = isinstance(self.drop_path, nn.Identity)
+        self.attn_fused = fusable and self.attn_merge.fuse(self.attn_out, self.attn_after_add)
+        self.mlp_fused = fusable and self.mlp_merge.fuse(self.mlp_out, self.mlp_after_add)
 
     def forward(self, h: torch.Tensor, history: ResidualHistory, rope: RotaryEmbedding | None) -> torch.Tensor:
         history.block_inputs.append(h)
         x = self.attn_merge.branch_input(h, history)
-        y = self.drop_path(self.attn_out(self.drop(self.attn(self.attn_in(x), rope))))
-        h = self.attn_after_add(self.attn_merge(h, y, history))
+        y = self.drop(self.attn(self.attn_in(x), rope))
+        if self.attn_fused:
+            h, y = self.attn_merge.fused(h, y, history)
+        else:
+            y = self.drop_path(self.attn_out(y))
+            h = self.attn_after_add(self.attn_merge(h, y, history))
         history.states.append(h)
         history.branches.append(y)
 
         x = self.mlp_merge.branch_input(h, history)
-        y = self.drop_path(self.mlp_out(self.drop(self.mlp(self.mlp_in(x)))))
-        h = self.mlp_after_add(self.mlp_merge(h, y, history))
+        y = self.drop(self.mlp(self.mlp_in(x)))
+        if self.mlp_fused:
+            h, y = self.mlp_merge.fused(h, y, history)
+        else:
+            y = self.drop_path(self.mlp_out(y))
+            h = self.mlp_after_add(self.mlp_merge(h, y, history))
         history.states.append(h)
         history.branches.append(y)
         return h
