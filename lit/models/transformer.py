@@ -175,6 +175,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         rate = cfg.drop_path * layer / max(1, cfg.n_layers - 1)
         self.drop_path = DropPath(rate) if rate > 0 else nn.Identity()
+        norm.bind(layer, self, stack)  # sites that read this block's weights (BHyT) find them now
 
     def forward(self, h: torch.Tensor, history: ResidualHistory, rope: RotaryEmbedding | None) -> torch.Tensor:
         history.block_inputs.append(h)

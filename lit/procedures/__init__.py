@@ -1,0 +1,1 @@
+"""Procedures on a trained model: converting its norms, removing them, folding them into the next linear."""
