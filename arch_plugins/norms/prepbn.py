@@ -73,10 +73,11 @@ class ProgressiveRepBN(nn.Module):
             return self.repbn(x)
         if self.in_warmup:
             return self.first(x)
-        bn = self.repbn(x)  # computed even at lam = 1: its running statistics start with the transition
-        if self.lam == 0.0:
-            return bn
-        return self.lam * self.first(x) + (1.0 - self.lam) * bn
+        # Both computed whatever lam, as the reference: RepBN's running statistics start with the transition, and
+        # the first norm's parameters still take part at lam = 0 (zero gradients), which DDP requires of every
+        # parameter unless told to look for unused ones. (During a warmup RepBN's do not take part, as in the
+        # reference: under DDP a warmup needs --trainer.strategy=ddp_find_unused_parameters_true.)
+        return self.lam * self.first(x) + (1.0 - self.lam) * self.repbn(x)
 
     def inference_affine(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(a, b): the eval output is ``a * x + b`` per channel."""

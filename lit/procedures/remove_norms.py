@@ -177,11 +177,13 @@ def export_lnfree(source: TrainedLM, finetuned: LanguageModel) -> LanguageModel:
 
 
 @torch.no_grad()
-def validation_loss(module: LanguageModel, datamodule: L.LightningDataModule) -> float:
-    """Mean cross-entropy per token over the whole validation split."""
+def validation_loss(module: LanguageModel, datamodule: L.LightningDataModule, batches: int | None = None) -> float:
+    """Mean cross-entropy per token over the validation split (its first ``batches`` batches if given)."""
     module.eval()
     total, count = 0.0, 0
-    for idx, targets in datamodule.val_dataloader():
+    for i, (idx, targets) in enumerate(datamodule.val_dataloader()):
+        if batches is not None and i >= batches:
+            break
         logits = module(idx)
         total += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
         count += targets.numel()
@@ -216,6 +218,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="sequences per step")
     parser.add_argument("--text-file", default=None, help="the corpus (default: the embedded tinyshakespeare)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data order")
+    parser.add_argument("--val-batches", type=int, default=None, help="validation batches (default: the whole split)")
     parser.add_argument("--control", action="store_true",
                         help="also fine-tune with the norms kept (the paper's vanilla fine-tune) and report its loss")
     parser.add_argument("--json", default=None, help="also write the losses to this JSON file")
@@ -233,17 +236,17 @@ def main(argv: list[str]) -> int:
                                 batch_size=args.batch_size, seed=args.seed)
     datamodule.setup("fit")
     report = {"checkpoint": str(source.path), "seed": args.seed, "steps": args.steps,
-              "before": validation_loss(source.load(), datamodule)}
+              "before": validation_loss(source.load(), datamodule, args.val_batches)}
     lnfree = finetune(source, datamodule, args.steps, args.seed, True, args.lr, args.min_lr, args.warmup)
-    report["lnfree"] = validation_loss(lnfree, datamodule)
+    report["lnfree"] = validation_loss(lnfree, datamodule, args.val_batches)
     exported = export_lnfree(source, lnfree)
-    report["exported"] = validation_loss(exported, datamodule)
+    report["exported"] = validation_loss(exported, datamodule, args.val_batches)
     if not math.isclose(report["exported"], report["lnfree"], rel_tol=1e-4, abs_tol=1e-4):
         raise UserInputError(f"remove-norms: the exported model's loss {report['exported']:.5f} differs from the "
                              f"fine-tuned one's {report['lnfree']:.5f}; nothing written")
     if args.control:
         control = finetune(source, datamodule, args.steps, args.seed, False, args.lr, args.min_lr, args.warmup)
-        report["control"] = validation_loss(control, datamodule)
+        report["control"] = validation_loss(control, datamodule, args.val_batches)
     out = write_lm_checkpoint(source, exported, exported.hparams.arch, args.out)
     line = f"val loss before {report['before']:.4f}, LayerNorm-free after {args.steps} steps {report['lnfree']:.4f}"
     if args.control:
