@@ -1,6 +1,6 @@
 """Trains a tiny GPT with PRepBN or BHyT for a few steps, data-parallel on 2 gloo processes or on one.
 
-Run as a script by tests/test_zoo_norms_distributed.py (``torch.multiprocessing.spawn`` of 2 ranks under
+Run as a script by tests/test_zoo_norms_distributed.py (2 forked ranks under
 ``torch.nn.parallel.DistributedDataParallel``); the single-process reference is ``train(kind, world=1)``.
 Each rank trains on its own half of every global batch (different data per rank), so:
 
@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
-    torch.multiprocessing.spawn(_rank, args=(args.port, args.out), nprocs=2, join=True)
+    # fork: the ranks inherit this process's imports (spawning would import torch and the project twice more).
+    torch.multiprocessing.start_processes(_rank, args=(args.port, args.out), nprocs=2, join=True, start_method="fork")
 
 
 if __name__ == "__main__":
