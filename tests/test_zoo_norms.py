@@ -247,3 +247,11 @@ def test_bhyt_lam_init_and_math_constants_are_the_references():
     assert model.stack.blocks[0].attn_in.lam.item() == 2.0 and model.stack.blocks[0].mlp_in.lam.item() == 1.0
     assert math.isclose(1 / model.stack.blocks[0].attn_in.inv_kappa, 10.0)
     assert isinstance(model.stack.blocks[0].mlp_in, BHyTApproximate)
+
+
+@pytest.mark.parametrize("norm,other", [("prermsnorm", dict(projection="pattention")),
+                                        ("precrmsnorm", dict(residual="laurel_rw"))])
+def test_pre_rms_strategies_compose_with_other_plugin_kinds(norm, other):
+    model = gpt(norm, **other)
+    model(TOKENS).sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
