@@ -61,12 +61,15 @@ class ProgressiveRepBN(nn.Module):
         self.first, self.repbn, self.r0 = first, repbn, r0
         # Steps (int) or fractions of the run (float), resolved when the run's length is known.
         self.warmup, self.transition = warmup, transition
-        self.lam, self.in_warmup = float(r0), bool(warmup)  # where the schedule stands at step 0
+        # lam is a tensor, set in place: a compiled block reads it instead of recompiling for every new value.
+        self.register_buffer("lam", torch.tensor(float(r0)), persistent=False)
+        self.in_warmup = bool(warmup)  # where the schedule stands at step 0
         declare_progress_hook(self, ProgressiveRepBN.on_progress)
         declare_diagnostic(self, "lam", _lam)
 
     def on_progress(self, progress: TrainingProgress) -> None:
-        self.lam, self.in_warmup = schedule(progress, self.warmup, self.transition, self.r0)
+        lam, self.in_warmup = schedule(progress, self.warmup, self.transition, self.r0)
+        self.lam.fill_(lam)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:
@@ -85,7 +88,7 @@ class ProgressiveRepBN(nn.Module):
 
 
 def _lam(module: ProgressiveRepBN) -> torch.Tensor:
-    return torch.tensor(0.0 if module.in_warmup else module.lam)
+    return torch.zeros(()) if module.in_warmup else module.lam.clone()
 
 
 def _resolve(value: int | float, total: int | None) -> int:
