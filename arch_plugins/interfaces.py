@@ -10,7 +10,9 @@ Two optional declarations let a component tell the outside world what it needs o
 block or any callback naming it: a weight that must stay on the unit sphere
 (``arch_plugins.constraints.declare_unit_norm``), and a learned scalar worth watching during training
 (``arch_plugins.diagnostics.declare_diagnostic``; the diagnostics callback records it as
-``diag/scalar/<module path>.<name>``). A module calls them on itself in ``__init__``::
+``diag/scalar/<module path>.<name>``), and a behaviour that follows the step count
+(``arch_plugins.progress.declare_progress_hook``: PRepBN's schedule, BHyT's refresh). A module calls them
+on itself in ``__init__``::
 
     class MyNorm(nn.Module):
         def __init__(self, dim):
@@ -115,6 +117,14 @@ class NormStrategy:
     def constrains(self, role: str) -> bool:
         """Whether weights of ``role`` must be kept at unit norm along their d_model axis."""
         return False
+
+    def bind(self, layer: int, block: nn.Module, stack: StackInfo) -> None:
+        """Called once per block, after the block is built, with the block itself.
+
+        For strategies whose site modules read the weights of the block they sit in: BHyT approximates
+        the MLP-input variance from W_V and W_O, found by role (``arch_plugins.roles.dense_role``), never
+        by attribute name. Most strategies do nothing here.
+        """
 
 
 class ResidualMerge(nn.Module):

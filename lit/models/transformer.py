@@ -178,6 +178,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         rate = cfg.drop_path * layer / max(1, cfg.n_layers - 1)
         self.drop_path = DropPath(rate) if rate > 0 else nn.Identity()
+        norm.bind(layer, self, stack)  # sites that read this block's weights (BHyT) find them now
         # A merge may take over its sublayer's tail (out site, merge, after-add site) and run it fused; not
         # when stochastic depth stands between the out site and the merge.
         fusable = isinstance(self.drop_path, nn.Identity)
