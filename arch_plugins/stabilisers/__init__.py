@@ -8,7 +8,7 @@ them. The wrapper adds a module at two hooks and passes everything else through 
   transforms q and k itself (its ``qk`` or ``qk_before_rope`` returns a module: nGPT's hypersphere normalises them
   and learns their scale) is refused with one line: normalising again would undo what the strategy learns.
 - ``site(logits)``: the soft-cap after whatever the strategy puts on the logits (nGPT's s_z scales, then the cap
-  bounds).
+  bounds), attached to the strategy's module so that its parameters keep their names.
 
 z-loss belongs to the loss, not the model: ``z_loss.z_loss`` is what ``LanguageModel`` adds.
 With neither stabiliser set, ``with_stabilisers`` returns the strategy itself: the model is exactly the old one.
@@ -56,8 +56,21 @@ class Stabilised:
         module = self.strategy.site(site, dim, layer, stack)
         if site != Site.LOGITS or self.logit_softcap is None:
             return module
-        cap = LogitSoftCap(self.logit_softcap)
-        return cap if module is None else nn.Sequential(module, cap)
+        return cap_after(module, LogitSoftCap(self.logit_softcap))
+
+
+def cap_after(module: nn.Module | None, cap: LogitSoftCap) -> nn.Module:
+    """``module`` followed by ``cap``, with ``module``'s parameter names unchanged (a container would prefix them,
+    so a checkpoint or a diagnostic name would differ between runs with and without the cap)."""
+    if module is None:
+        return cap
+    module.softcap = cap  # a child without parameters: shown in the model's repr, nothing in its state dict
+    module.register_forward_hook(_apply_softcap)
+    return module
+
+
+def _apply_softcap(module: nn.Module, inputs, output):
+    return module.softcap(output)
 
 
 def with_stabilisers(strategy: NormStrategy, name: str, *, qk_norm: str | None = None, qk_norm_eps: float = 1e-6,
