@@ -24,7 +24,7 @@ is the final aggregation. The diagnostics' stream RMS by depth is therefore the 
 
 The attention over depth runs in float32 (the only public code of the method, flash-attn-res, does so too),
 whatever autocast does to the sublayers, and ``w . RMSNorm(v)`` is computed as ``(w * g) . v * rsqrt(mean(v^2) +
-eps)`` so the normalised keys are never materialised.
+eps)``: one matvec and one norm per source, no stacked copy of the sources and no normalised keys in memory.
 """
 
 from __future__ import annotations
@@ -54,18 +54,22 @@ class DepthAttention(nn.Module):
         self.normalise_keys, self.eps = key_norm != "none", eps
         declare_diagnostic(self, "query_norm", _query_norm)  # |w|: how far this sublayer moved off the average
 
-    def weights(self, values: torch.Tensor) -> torch.Tensor:
-        """The softmax over depth (dim 0) for values stacked as (sources, ..., d)."""
-        query = self.query if self.key_gain is None else self.query * self.key_gain
-        logits = (values * query).sum(-1)
-        if self.normalise_keys:
-            logits = logits * torch.rsqrt(values.square().mean(-1) + self.eps)
-        return logits.softmax(0)
-
     def forward(self, sources: list[torch.Tensor]) -> torch.Tensor:
         dtype = torch.promote_types(sources[0].dtype, torch.float32)
-        values = torch.stack([s.to(dtype) for s in sources])
-        return (self.weights(values).unsqueeze(-1) * values).sum(0)
+        # Autocast off: it would run the matvecs in bf16; the depth softmax and the sum are float32 (flash-attn-res).
+        with torch.autocast(device_type=sources[0].device.type, enabled=False):
+            values = [s.to(dtype) for s in sources]
+            query = (self.query if self.key_gain is None else self.query * self.key_gain).to(dtype)
+            # One matvec and one norm per source, no stacked copy: w . RMSNorm(v) = (w * g) . v / rms(v).
+            logits = torch.stack([v @ query for v in values])
+            if self.normalise_keys:
+                squares = torch.stack([torch.linalg.vector_norm(v, dim=-1).square() for v in values])
+                logits = logits * torch.rsqrt(squares / values[0].shape[-1] + self.eps)
+            weights = logits.softmax(0).unsqueeze(-1)
+            out = values[0] * weights[0]
+            for value, weight in zip(values[1:], weights[1:], strict=True):
+                out = torch.addcmul(out, value, weight)
+            return out
 
 
 def _query_norm(module: DepthAttention) -> torch.Tensor:

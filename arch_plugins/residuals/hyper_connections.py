@@ -18,10 +18,11 @@ sublayer k reads stream k mod n and writes to all streams, and with n = 1 every 
 stack repeats the embedding into the n streams before the first block and sums them after the last (``begin``
 and ``end`` of the residual's stream), before the final norm.
 
-Differences from the reference, on purpose: the mixing sums are computed elementwise in the stream's own dtype
-(float32 under autocast), never by a reduced-precision matmul, so the carried streams keep the precision of the
-plain residual's stream; the paper normalises H with LayerNorm, the reference (and this) with RMSNorm with a learned
-gain. The manifold-constrained variant (mHC, Sinkhorn-projected mixing) is not implemented.
+Differences from the reference, on purpose: the mixing runs in the stream's own dtype with autocast off (float32
+under bf16 autocast), so the carried streams keep the precision of the plain residual's stream (TF32, if a user
+enables it for float32 matmuls, would round them); the paper normalises H with LayerNorm, the reference (and this)
+with RMSNorm with a learned gain. The manifold-constrained variant (mHC, Sinkhorn-projected mixing) is not
+implemented.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualStream, ResidualType, StackInfo
@@ -56,39 +56,46 @@ class HyperConnection(ResidualMerge):
             self.dynamic_beta = nn.Parameter(torch.zeros(dim))
             self.dynamic_beta_scale = nn.Parameter(torch.tensor(dynamic_scale))
 
-    def _normed(self, h: torch.Tensor) -> torch.Tensor:
-        # The reference's RMSNorm: x / |x| * sqrt(d) * gain (F.normalize bounds |x| below by 1e-12).
-        return F.normalize(h, dim=-1) * math.sqrt(h.shape[-1]) * self.norm_gain
+    def _dynamic(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """tanh(RMSNorm(H) W) with the reference's RMSNorm, x / max(|x|, 1e-12) * sqrt(d) * gain, folded into the
+        small matmul: (H (gain * W)) * sqrt(d) / |H|. The normalised n-wide stream is never materialised."""
+        inverse = math.sqrt(h.shape[-1]) / torch.linalg.vector_norm(h, dim=-1, keepdim=True).clamp_min(1e-12)
+        out = (h @ (self.norm_gain.unsqueeze(-1) * weight).to(h.dtype)) * inverse
+        return out.tanh() if self.tanh else out
 
-    def _dynamic(self, normed: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        out = normed @ weight
-        return (out.tanh() if self.tanh else out) * scale
-
-    def alpha(self, h: torch.Tensor, columns: slice) -> torch.Tensor:
-        """The columns of alpha (0: into the branch, 1..n: into each stream) per token: (..., n, len(columns))."""
-        static = self.static_alpha[:, columns]
+    def branch_weights(self, h: torch.Tensor) -> torch.Tensor:
+        """alpha's column 0, how much of each stream the branch reads: (n, 1) static or (..., n, 1) per token."""
+        static = self.static_alpha[:, :1]
         if not self.dynamic:
             return static
-        return static + self._dynamic(self._normed(h), self.dynamic_alpha[:, columns], self.dynamic_alpha_scale)
+        return static + self._dynamic(h, self.dynamic_alpha[:, :1]) * self.dynamic_alpha_scale
 
-    def beta(self, h: torch.Tensor) -> torch.Tensor:
-        """How much of the branch each stream receives: (..., n)."""
+    def depth_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """alpha's columns 1..n (stream s into stream t) and beta (the branch into each stream), from one matmul."""
+        alpha, beta = self.static_alpha[:, 1:], self.static_beta
         if not self.dynamic:
-            return self.static_beta
-        return self.static_beta + self._dynamic(self._normed(h), self.dynamic_beta, self.dynamic_beta_scale)
+            return alpha, beta
+        dynamic = self._dynamic(h, torch.cat([self.dynamic_alpha[:, 1:], self.dynamic_beta.unsqueeze(-1)], dim=-1))
+        return alpha + dynamic[..., :-1] * self.dynamic_alpha_scale, beta + dynamic[..., -1] * self.dynamic_beta_scale
 
     def branch_input(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
-        alpha_m = self.alpha(h, slice(0, 1)).to(h.dtype)  # (..., n, 1)
-        return (alpha_m * h).sum(-2)
+        return mix(self.branch_weights(h), h).squeeze(-2)
 
     def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
-        alpha_r = self.alpha(h, slice(1, None)).to(h.dtype)  # (..., n from, n to)
-        beta = self.beta(h).to(h.dtype)  # (..., n)
-        # Stream t receives sum_s alpha_r[s, t] H_s: one elementwise multiply-add per source stream.
-        mixed = alpha_r[..., 0, :].unsqueeze(-1) * h[..., 0:1, :]
-        for s in range(1, self.streams):
-            mixed = mixed + alpha_r[..., s, :].unsqueeze(-1) * h[..., s:s + 1, :]
-        return mixed + beta.unsqueeze(-1) * branch.unsqueeze(-2).to(h.dtype)
+        alpha, beta = self.depth_weights(h)
+        return torch.addcmul(mix(alpha, h), beta.to(h.dtype).unsqueeze(-1), branch.to(h.dtype).unsqueeze(-2))
+
+
+def mix(alpha: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """out[..., k, :] = sum_s alpha[..., s, k] h[..., s, :], for a static (n, k) or a per-token (..., n, k) alpha.
+
+    Autocast is off: it would run these small matmuls in bf16 and round the carried streams, which the plain
+    residual keeps in float32. einsum turns a static alpha into one GEMM over every token (a broadcast matmul
+    would copy alpha per token: 4x slower on a CPU at d=256).
+    """
+    with torch.autocast(device_type=h.device.type, enabled=False):
+        alpha = alpha.to(h.dtype)
+        return torch.einsum("sk,...sd->...kd" if alpha.dim() == 2 else "...sk,...sd->...kd", alpha, h)
 
 
 class Streams(ResidualStream):
