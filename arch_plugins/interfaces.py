@@ -106,6 +106,14 @@ class NormStrategy:
         """
         return None
 
+    def qk_before_rope(self, layer: int, stack: StackInfo) -> nn.Module | None:
+        """A module ``(q, k) -> (q, k)`` applied per head before RoPE, shapes (B, H, T, head_dim).
+
+        Where QK-norm with learned gains sits in Qwen3, Gemma 3 and OLMo 2 (a per-channel gain does not commute
+        with the rotation, so the place matters once the gains move).
+        """
+        return None
+
     def qk(self, layer: int, stack: StackInfo) -> nn.Module | None:
         """A module ``(q, k) -> (q, k)`` applied per head after RoPE, shapes (B, H, T, head_dim)."""
         return None
@@ -154,7 +162,13 @@ class ResidualMerge(nn.Module):
 
 
 class ResidualStream(nn.Module):
-    """Stream-level state of a residual type: e.g. expanding into several streams and reducing back."""
+    """Stream-level state of a residual type: e.g. expanding into several streams and reducing back.
+
+    ``begin`` turns the embedding (B, T, d) into the stream the blocks carry, which may be wider (hyper-connections
+    carry (B, T, n, d): every block site and merge then sees that shape, and ``branch_input`` must hand the
+    sublayer a (B, T, d) tensor); ``end`` turns the last block's stream back into (B, T, d) before the final site
+    (a sum of the streams, or Attention Residuals' final aggregation over depth). Both default to identity.
+    """
 
     def begin(self, x: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
         return x

@@ -25,6 +25,13 @@ Run from the repository root::
     python benchmarks/throughput.py --steps 10 --rounds 3 --json throughput.json
 
 Without x-transformers installed, that model is skipped with a note.
+
+``--residuals attnres attnres_block hyperconn hyperconn_static`` adds ours with each of those residual types (default
+options) as further contenders, and prints each one's step time over the baseline's, per round (the two ran in the
+same round, minutes apart at most) with the median and the range over rounds; ``--no-peers`` leaves out the plain
+stack and x-transformers::
+
+    python benchmarks/throughput.py --no-peers --residuals attnres attnres_block hyperconn hyperconn_static
 """
 
 from __future__ import annotations
@@ -114,9 +121,9 @@ class PlainGPT(nn.Module):
 # --------------------------------------------------------------------------- model builders
 
 
-def build_ours(args: argparse.Namespace, norm: str = "rmsnorm") -> tuple[nn.Module, int]:
+def build_ours(args: argparse.Namespace, norm: str = "rmsnorm", residual: str = "add") -> tuple[nn.Module, int]:
     arch = TransformerConfig(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, mlp="swiglu",
-                             norm=norm, residual="add", projection="linear", positions="rope")
+                             norm=norm, residual=residual, projection="linear", positions="rope")
     return GPT(vocab_size=args.vocab, block_size=args.seq, arch=arch), arch.resolved_mlp_hidden()
 
 
@@ -218,6 +225,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--residuals", nargs="*", default=[], metavar="NAME",
+                   help="also time ours with these residual types (default options), against ours with `add`")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--norms", nargs="*", default=[], metavar="NORM",
                    help="also time ours with these norm strategies (models 'norm=NAME'), e.g. layernorm bhyt")
@@ -226,6 +235,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
         p.error("--steps and --rounds must be >= 1, --warmup >= 0")
     return args
+
+
+def residual_overheads(benches: list[Bench]) -> dict[str, dict]:
+    """Each residual variant's step time over the baseline's, per round (same round: the fairest pairing)."""
+    base = benches[0].tokens_per_s
+    result = {}
+    for b in benches:
+        if b.name.startswith(f"{OURS}+"):
+            per_round = [r0 / r for r0, r in zip(base, b.tokens_per_s, strict=True)]
+            result[b.name.removeprefix(f"{OURS}+")] = {"per_round": per_round, "median": statistics.median(per_round),
+                                                        "min": min(per_round), "max": max(per_round)}
+    return result
 
 
 def count_params(model: nn.Module) -> int:
@@ -246,15 +267,19 @@ def main(argv: list[str] | None = None) -> dict:
     for norm in args.norms:  # the same model with another norm strategy, timed in the same rounds
         torch.manual_seed(args.seed)
         models[f"norm={norm}"] = build_ours(args, norm)[0]
-    torch.manual_seed(args.seed)
+    xt = None
     if not args.no_peers:
-        models[PLAIN] = build_plain(args, hidden)
-    xt = None if args.no_peers else import_x_transformers()
-    if xt is None and not args.no_peers:
-        print('note: x_transformers is not importable; skipping it (pip install -e ".[bench]")')
-    elif xt is not None:
         torch.manual_seed(args.seed)
-        models[XT] = build_x_transformers(xt, args, hidden)
+        models[PLAIN] = build_plain(args, hidden)
+        xt = import_x_transformers()
+        if xt is None:
+            print('note: x_transformers is not importable; skipping it (pip install -e ".[bench]")')
+        else:
+            torch.manual_seed(args.seed)
+            models[XT] = build_x_transformers(xt, args, hidden)
+    for residual in args.residuals:
+        torch.manual_seed(args.seed)
+        models[f"{OURS}+{residual}"] = build_ours(args, residual)[0]
 
     benches = []
     for name, model in models.items():
@@ -274,7 +299,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {b.name:<15} {b.params:>12,} params")
     ref = benches[0].params
     for b in benches[1:]:
-        if abs(b.params - ref) / ref > 0.01:
+        if b.name in (PLAIN, XT) and abs(b.params - ref) / ref > 0.01:
             print(f"warning: {b.name} has {b.params:,} params, {100 * (b.params - ref) / ref:+.2f}% vs ours")
 
     for b in benches:
@@ -297,6 +322,13 @@ def main(argv: list[str] | None = None) -> dict:
     print()
     for key, value in ratios.items():
         print(f"{key} = {value:.3f}")
+    overheads = residual_overheads(benches)
+    if overheads:
+        print()
+        print("| residual | step time / baseline's (median over rounds) | range over rounds |")
+        print("|---|---:|---:|")
+        for name, o in overheads.items():
+            print(f"| {name} | {o['median']:.3f} | {o['min']:.3f} - {o['max']:.3f} |")
 
     results = {
         "config": {k: v for k, v in vars(args).items() if k != "json"} | {"mlp_hidden": hidden},
@@ -311,6 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
         "models": {b.name: {"params": b.params, "tokens_per_s": b.tokens_per_s, "median_tokens_per_s": b.median}
                    for b in benches},
         "ratios": ratios,
+        "residual_step_time_ratios": overheads,
     }
     if args.json:
         with open(args.json, "w") as f:

@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
+from arch_plugins.stabilisers.z_loss import z_loss
 from lit.diagnostics import DiagnosticsConfig
+from lit.errors import UserInputError
 from lit.init_from import Growth, load_initial_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
@@ -40,6 +42,9 @@ class LanguageModel(ArchitectureTask):
         diagnostics: ``diag/*`` metrics every ``interval`` steps (``--model.diagnostics.interval=0``: off).
         bytes_per_token: linked from the DataModule; with it, validation logs ``val/bpb`` (bits per byte),
             which compares models across tokenizers and vocabularies where nats per token do not.
+        z_loss: coefficient of PaLM's auxiliary z-loss, mean(logsumexp(logits)^2), added to the training loss
+            (PaLM: 1e-4; 0: off). Logged as ``train/z_loss`` (the term added); ``train/loss`` stays the
+            cross-entropy, comparable with runs without it.
     """
 
     def __init__(self, vocab_size: int = 65, block_size: int = 256, arch: TransformerConfig = TransformerConfig(),
@@ -48,9 +53,12 @@ class LanguageModel(ArchitectureTask):
                  max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = None,
                  init_from: str | None = None, growth: Growth = Growth(),
                  compile: bool = False, activation_checkpointing: bool = False,
-                 diagnostics: DiagnosticsConfig = DiagnosticsConfig(), bytes_per_token: float | None = None):
+                 diagnostics: DiagnosticsConfig = DiagnosticsConfig(), bytes_per_token: float | None = None,
+                 z_loss: float = 0.0):
         super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="tokens",
                          diagnostics=diagnostics)
+        if not z_loss >= 0:
+            raise UserInputError(f"z_loss is a coefficient (PaLM uses 1e-4; 0 turns it off), got {z_loss}")
         # The resolved config is logged by the CLI; the logger need not log hparams a second time.
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
         self.model = GPT(vocab_size, block_size, arch, tie_embeddings)
@@ -66,8 +74,13 @@ class LanguageModel(ArchitectureTask):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         idx, targets = batch
-        loss = self._loss(self(idx), targets)
+        logits = self(idx)
+        loss = self._loss(logits, targets)
         self.log_training_step(loss, idx.numel())
+        if self.hparams.z_loss:
+            auxiliary = self.hparams.z_loss * z_loss(logits)
+            self.log("train/z_loss", auxiliary)
+            return loss + auxiliary
         return loss
 
     def validation_step(self, batch, batch_idx: int) -> None:

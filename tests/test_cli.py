@@ -20,7 +20,9 @@ def test_plugins_command_lists_the_builtins():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].split()[:4] == ["KIND", "NAME", "PACKAGE", "VERSION"]
-    for kind, name in [("norm", "layernorm"), ("norm", "rmsnorm"), ("residual", "add"), ("projection", "linear")]:
+    for kind, name in [("norm", "layernorm"), ("norm", "rmsnorm"), ("residual", "add"), ("projection", "linear"),
+                       ("residual", "attnres"), ("residual", "attnres_block"), ("residual", "hyperconn"),
+                       ("residual", "hyperconn_static")]:
         row = next(line.split() for line in lines if line.split()[:2] == [kind, name])
         assert row[2] == "arch-lab" and row[3][0].isdigit() and len(row) > 4  # package, version, description
 

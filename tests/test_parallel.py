@@ -19,6 +19,9 @@ ARCHS = {
     "laurel_pa_sublayer": dict(residual="laurel_pa", residual_options={"placement": "sublayer"}),
     "ngpt": dict(norm="hypersphere", residual="ngpt"),
     "pattention": dict(norm="layernorm_nonparam", projection="pattention"),
+    # Attention Residuals read the history too (every block's sum); hyper-connections carry a wider stream.
+    "attnres_block": dict(residual="attnres_block", residual_options={"block_size": 2}),
+    "hyperconn": dict(residual="hyperconn"),
 }
 
 

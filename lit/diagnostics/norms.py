@@ -4,8 +4,8 @@ A parameter's role comes from its path inside its ``Block`` (the block's own sub
 plugin chooses): ``attn.qkv`` -> ``qkv``, ``attn.out`` -> ``attn_out``, ``mlp.up`` -> ``mlp_in`` (value
 and gate of a SwiGLU: the linear projection fuses them into one matrix), ``mlp.down`` -> ``mlp_out``, any
 other ``mlp.*`` -> ``ffn`` (a feed-forward made by the projection type, e.g. Pattention), the norm
-strategy's modules (``*_in``, ``*_out``, ``*_after_add`` sites, ``mlp.hidden``, ``attn.qk``) -> ``norms``,
-the residual's merges (``*_merge``) -> ``residual``, anything else -> ``other``.
+strategy's modules (``*_in``, ``*_out``, ``*_after_add`` sites, ``mlp.hidden``, ``attn.qk``,
+``attn.qk_before_rope``) -> ``norms``, the residual's merges (``*_merge``) -> ``residual``, anything else -> ``other``.
 
 Norms are global, never per shard. Under FSDP2 every parameter (and its gradient) is a DTensor sharded on
 dim 0 of a 1-D mesh: each rank squares and sums its local shard and ONE all-reduce adds the per-parameter
@@ -36,7 +36,7 @@ def block_role(block: Block, path: str) -> str:
     parts = [p for p in path.split(".") if p not in WRAPPERS]
     first, second = parts[0], (parts[1] if len(parts) > 2 else "")
     if first == "attn":
-        return {"qkv": "qkv", "out": "attn_out", "qk": "norms"}.get(second, "other")
+        return {"qkv": "qkv", "out": "attn_out", "qk": "norms", "qk_before_rope": "norms"}.get(second, "other")
     if first == "mlp":
         if not isinstance(block.mlp, MLP):
             return "ffn"

@@ -21,6 +21,7 @@ from torch import nn
 from arch_plugins import registry
 from arch_plugins.constraints import declare_unit_norm
 from arch_plugins.interfaces import Concat, ResidualHistory, Role, Site, StackInfo
+from arch_plugins.stabilisers import with_stabilisers
 from lit.models.rope import RotaryEmbedding
 
 
@@ -54,6 +55,11 @@ class TransformerConfig:
     residual_options: dict[str, Any] = field(default_factory=dict)
     projection: str = "linear"
     projection_options: dict[str, Any] = field(default_factory=dict)
+    # Stabilisers on top of whichever norm strategy (arch_plugins/stabilisers): QK-norm per head before RoPE
+    # (Qwen3, Gemma 3), and cap * tanh(logits / cap) on the head's output (Gemma 2 uses 30). None: off.
+    qk_norm: Literal["rmsnorm", "layernorm"] | None = None
+    qk_norm_eps: float = 1e-6
+    logit_softcap: float | None = None
 
     def resolved_mlp_hidden(self) -> int:
         if self.mlp_hidden is not None:
@@ -77,7 +83,8 @@ class Plugins:
     """The three components of one stack, instantiated from their names and options."""
 
     def __init__(self, cfg: TransformerConfig):
-        self.norm = registry.create("norm", cfg.norm, cfg.norm_options)
+        self.norm = with_stabilisers(registry.create("norm", cfg.norm, cfg.norm_options), cfg.norm,
+                                     qk_norm=cfg.qk_norm, qk_norm_eps=cfg.qk_norm_eps, logit_softcap=cfg.logit_softcap)
         self.residual = registry.create("residual", cfg.residual, cfg.residual_options)
         self.projection = registry.create("projection", cfg.projection, cfg.projection_options)
         # Where each component came from (package, version), for the run's provenance.
@@ -111,7 +118,8 @@ class Attention(nn.Module):
                                init_std=_init_std(cfg, Role.ATTN_OUT))
         _constrain(plugins, self.qkv, Role.Q, "in")
         _constrain(plugins, self.out, Role.ATTN_OUT, "out")
-        self.qk = plugins.norm.qk(layer, stack)  # None: no q/k normalisation
+        self.qk_before_rope = plugins.norm.qk_before_rope(layer, stack)  # None: nothing before RoPE
+        self.qk = plugins.norm.qk(layer, stack)  # None: no q/k normalisation after RoPE
         self.scale = plugins.norm.softmax_scale(layer, stack)
         # Set only while a diagnostics probe runs (lit/diagnostics/probe.py): called with the q and k the
         # attention really uses (plugins applied), its scale and causality, since SDPA hides probabilities.
@@ -120,6 +128,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: RotaryEmbedding | None) -> torch.Tensor:
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        if self.qk_before_rope is not None:
+            q, k = self.qk_before_rope(q, k)
         if rope is not None:
             q, k = rope(q), rope(k)
         if self.qk is not None:

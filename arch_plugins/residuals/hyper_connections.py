@@ -1,0 +1,148 @@
+"""Hyper-connections (Zhu et al., ByteDance, ICLR 2025, arXiv 2409.19606): n residual streams mixed by learned weights.
+
+The stream is n copies wide between blocks, (..., n, d). Around each sublayer f (attention or MLP), with H the n
+streams, the hyper-connection is an (n+1) x (n+1) matrix [[0, beta], [alpha_m, alpha_r]]::
+
+    x   = sum_s alpha_m[s] H_s                       width connection: what f reads
+    H_t <- sum_s alpha_r[s, t] H_s + beta_t f(x)     depth connection: f's output written back into every stream
+
+Static hyper-connections learn alpha and beta as plain parameters. Dynamic ones add an input-dependent part,
+computed from H_bar = RMSNorm(H) per stream::
+
+    alpha = static_alpha + s_alpha * tanh(H_bar W_alpha)      (per stream s: a row of n + 1 values)
+    beta  = static_beta  + s_beta  * tanh(H_bar W_beta)
+
+Init (the paper's, as lucidrains/hyper-connections implements it): static_alpha = [e_(k mod n) | I_n] for the
+k-th sublayer (attention of block i is k = 2i, its MLP 2i + 1), static_beta = 1, W = 0, s = 0.01. So at init
+sublayer k reads stream k mod n and writes to all streams, and with n = 1 every step is h + f(h) exactly. The
+stack repeats the embedding into the n streams before the first block and sums them after the last (``begin``
+and ``end`` of the residual's stream), before the final norm.
+
+Differences from the reference, on purpose: the mixing runs in the stream's own dtype with autocast off (float32
+under bf16 autocast), so the carried streams keep the precision of the plain residual's stream (TF32, if a user
+enables it for float32 matmuls, would round them); the paper normalises H with LayerNorm, the reference (and this)
+with RMSNorm with a learned gain. The manifold-constrained variant (mHC, Sinkhorn-projected mixing) is not
+implemented.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualStream, ResidualType, StackInfo
+from arch_plugins.weight_decay import declare_weight_decay
+
+
+class HyperConnection(ResidualMerge):
+    """One sublayer's width connection (``branch_input``) and depth connection (``forward``) over n streams."""
+
+    def __init__(self, dim: int, streams: int, index: int, *, dynamic: bool, tanh: bool, dynamic_scale: float):
+        super().__init__()
+        self.streams, self.dynamic, self.tanh = streams, dynamic, tanh
+        static_alpha = torch.zeros(streams, streams + 1)
+        static_alpha[index % streams, 0] = 1.0
+        static_alpha[:, 1:] = torch.eye(streams)
+        self.static_alpha = nn.Parameter(static_alpha)
+        self.static_beta = nn.Parameter(torch.ones(streams))
+        # The static matrix is the residual connection itself: decaying it towards zero would erase the identity.
+        declare_weight_decay(self, "static_alpha", False)
+        if dynamic:
+            self.norm_gain = nn.Parameter(torch.ones(dim))
+            self.dynamic_alpha = nn.Parameter(torch.zeros(dim, streams + 1))
+            self.dynamic_alpha_scale = nn.Parameter(torch.tensor(dynamic_scale))
+            self.dynamic_beta = nn.Parameter(torch.zeros(dim))
+            self.dynamic_beta_scale = nn.Parameter(torch.tensor(dynamic_scale))
+
+    def _dynamic(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """tanh(RMSNorm(H) W) with the reference's RMSNorm, x / max(|x|, 1e-12) * sqrt(d) * gain, folded into the
+        small matmul: (H (gain * W)) * sqrt(d) / |H|. The normalised n-wide stream is never materialised."""
+        inverse = math.sqrt(h.shape[-1]) / torch.linalg.vector_norm(h, dim=-1, keepdim=True).clamp_min(1e-12)
+        out = (h @ (self.norm_gain.unsqueeze(-1) * weight).to(h.dtype)) * inverse
+        return out.tanh() if self.tanh else out
+
+    def branch_weights(self, h: torch.Tensor) -> torch.Tensor:
+        """alpha's column 0, how much of each stream the branch reads: (n, 1) static or (..., n, 1) per token."""
+        static = self.static_alpha[:, :1]
+        if not self.dynamic:
+            return static
+        return static + self._dynamic(h, self.dynamic_alpha[:, :1]) * self.dynamic_alpha_scale
+
+    def depth_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """alpha's columns 1..n (stream s into stream t) and beta (the branch into each stream), from one matmul."""
+        alpha, beta = self.static_alpha[:, 1:], self.static_beta
+        if not self.dynamic:
+            return alpha, beta
+        dynamic = self._dynamic(h, torch.cat([self.dynamic_alpha[:, 1:], self.dynamic_beta.unsqueeze(-1)], dim=-1))
+        return alpha + dynamic[..., :-1] * self.dynamic_alpha_scale, beta + dynamic[..., -1] * self.dynamic_beta_scale
+
+    def branch_input(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        return mix(self.branch_weights(h), h).squeeze(-2)
+
+    def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        alpha, beta = self.depth_weights(h)
+        return torch.addcmul(mix(alpha, h), beta.to(h.dtype).unsqueeze(-1), branch.to(h.dtype).unsqueeze(-2))
+
+
+def mix(alpha: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """out[..., k, :] = sum_s alpha[..., s, k] h[..., s, :], for a static (n, k) or a per-token (..., n, k) alpha.
+
+    Autocast is off: it would run these small matmuls in bf16 and round the carried streams, which the plain
+    residual keeps in float32. einsum turns a static alpha into one GEMM over every token (a broadcast matmul
+    would copy alpha per token: 4x slower on a CPU at d=256).
+    """
+    with torch.autocast(device_type=h.device.type, enabled=False):
+        alpha = alpha.to(h.dtype)
+        return torch.einsum("sk,...sd->...kd" if alpha.dim() == 2 else "...sk,...sd->...kd", alpha, h)
+
+
+class Streams(ResidualStream):
+    """Repeats the embedding into n streams before the first block and sums the streams after the last."""
+
+    def __init__(self, streams: int):
+        super().__init__()
+        self.streams = streams
+
+    def begin(self, x: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        return x.unsqueeze(-2).expand(*x.shape[:-1], self.streams, x.shape[-1])
+
+    def end(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        return h.sum(-2)
+
+
+class HyperConnections(ResidualType):
+    """Hyper-connections: n residual streams mixed per sublayer by learned (dynamic: input-dependent) weights.
+
+    Args:
+        streams: n, the expansion rate (the paper's main results use 4); 1 is the plain residual at init.
+        dynamic: DHC (the paper's best: weights depend on the streams through tanh(RMSNorm(H) W)) or SHC (static).
+        tanh: the tanh on the dynamic part (the reference's default).
+        dynamic_scale: initial s_alpha, s_beta (0.01 as the reference).
+    """
+
+    def __init__(self, streams: int = 4, dynamic: bool = True, tanh: bool = True, dynamic_scale: float = 0.01):
+        if not isinstance(streams, int) or isinstance(streams, bool) or streams < 1:
+            raise ValueError(f"streams is the number of residual streams n (the paper uses 4); give an integer >= 1, "
+                             f"got {streams!r}")
+        self.streams, self.dynamic, self.tanh, self.dynamic_scale = streams, dynamic, tanh, dynamic_scale
+
+    def merge(self, sublayer: str, layer: int, stack: StackInfo) -> HyperConnection:
+        index = 2 * layer + (0 if sublayer == "attn" else 1)
+        return HyperConnection(stack.d_model, self.streams, index, dynamic=self.dynamic, tanh=self.tanh,
+                               dynamic_scale=self.dynamic_scale)
+
+    def stream(self, stack: StackInfo) -> Streams:
+        return Streams(self.streams)
+
+
+class StaticHyperConnections(HyperConnections):
+    """Static hyper-connections (SHC): n residual streams mixed per sublayer by learned, input-independent weights.
+
+    Args:
+        streams: n, the expansion rate (the paper uses 4); 1 is the plain residual at init.
+    """
+
+    def __init__(self, streams: int = 4):
+        super().__init__(streams=streams, dynamic=False)
