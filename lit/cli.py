@@ -7,9 +7,7 @@ CLI serves every task. User mistakes end in one ``error:`` line and exit code 2,
 from __future__ import annotations
 
 import sys
-import warnings
 
-from jsonargparse import ArgumentParser
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -19,7 +17,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 import lit.data  # noqa: F401
 import lit.image_classifier  # noqa: F401
 import lit.language_model  # noqa: F401
-from arch_plugins import registry
 from arch_plugins.registry import PluginError
 from lit.callbacks import MLflowRun, continue_checkpoint_run
 from lit.checkpoints import check_fits, checkpoint_shapes
@@ -114,23 +111,15 @@ def trainer_defaults() -> dict:
     }
 
 
-def print_plugins() -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        rows = registry.catalogue()
-    header = dict(kind="KIND", name="NAME", package="PACKAGE", version="VERSION", description="DESCRIPTION")
-    widths = {k: max(len(str(r[k])) for r in [header, *rows]) for k in ("kind", "name", "package", "version")}
-    for r in [header, *rows]:
-        print("  ".join(str(r[k]).ljust(widths[k]) for k in widths) + "  " + r["description"])
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
-
-
 def main(args: list[str] | None = None) -> LightningCLI | None:
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["plugins"]:
-        ArgumentParser(prog="cli.py plugins", description="List installed plugins.").parse_args(argv[1:])
-        print_plugins()
+        # cli.py sends `plugins` to its command before importing this module (Lightning); this serves main([...]).
+        from lit.plugins_command import main as plugins
+
+        code = plugins(argv[1:])
+        if code:
+            sys.exit(code)
         return
     if argv[:1] in (["sweep"], ["compare"]):
         # Rooms of their own: sweeps launch fits through this module; compare reads MLflow only.

@@ -26,7 +26,16 @@ from lit.models.rope import RotaryEmbedding
 
 @dataclass
 class TransformerConfig:
-    """Architecture of the stack. Components are names resolved through the plugin registry."""
+    """Architecture of the stack. Components are names resolved through the plugin registry.
+
+    Args:
+        norm: norm strategy, one of the installed {norm}; `python cli.py plugins NAME` shows its options.
+        norm_options: options of the norm strategy, e.g. {{eps: 1e-6}}.
+        residual: residual type, one of the installed {residual}.
+        residual_options: options of the residual type.
+        projection: projection type, one of the installed {projection}.
+        projection_options: options of the projection type.
+    """
 
     d_model: int = 256
     n_layers: int = 6
@@ -60,6 +69,13 @@ class TransformerConfig:
         if self.mlp == "gelu":
             return 4 * self.d_model
         return 64 * math.ceil(4 * self.d_model * 2 / 3 / 64)
+
+
+
+# `--help` lists the names installed now (package metadata only, nothing imported); the registry still
+# decides at build time, so a plugin registered in-process later is accepted too.
+TransformerConfig.__doc__ = TransformerConfig.__doc__.format(
+    **{kind: f"{kind}s ({', '.join(registry.names(kind))})" for kind in registry.kinds()})
 
 
 def _site(norm, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.Module:
