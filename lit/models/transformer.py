@@ -21,6 +21,7 @@ from torch import nn
 from arch_plugins import registry
 from arch_plugins.constraints import declare_unit_norm
 from arch_plugins.interfaces import Concat, ResidualHistory, Role, Site, StackInfo
+from lit.errors import ArchitectureError
 from lit.models.rope import RotaryEmbedding
 
 
@@ -76,6 +77,10 @@ class TransformerConfig:
 # decides at build time, so a plugin registered in-process later is accepted too.
 TransformerConfig.__doc__ = TransformerConfig.__doc__.format(
     **{kind: f"{kind}s ({', '.join(registry.names(kind))})" for kind in registry.kinds()})
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
 
 
 def _site(norm, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.Module:
@@ -214,7 +219,11 @@ class TransformerStack(nn.Module):
     def __init__(self, cfg: TransformerConfig, *, causal: bool, max_len: int):
         super().__init__()
         if cfg.d_model % cfg.n_heads:
-            raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
+            raise ArchitectureError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}: attention "
+                                    f"splits the width into equal heads; choose n_heads among "
+                                    f"{', '.join(str(h) for h in divisors(cfg.d_model) if h <= 64)} or change d_model")
+        if cfg.n_layers < 1 or cfg.d_model < 1:
+            raise ArchitectureError(f"n_layers={cfg.n_layers} and d_model={cfg.d_model} must be positive")
         self.cfg = cfg
         self.info = StackInfo(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.resolved_mlp_hidden(), causal)
         self.plugins = Plugins(cfg)
