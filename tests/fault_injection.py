@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import lightning as L
 import torch
@@ -57,3 +58,29 @@ class LossSpikeAtStep(L.Callback):
             return original(pl_module, *args, **kwargs) * self.factor
 
         pl_module.training_step = scaled
+
+
+# The test's MLflow server (tests/mlflow_server.py) by name, and what ServerOutage saw: a callback named on the
+# command line is built by the CLI, so the server reaches it through this module.
+SERVERS: dict = {}
+OBSERVED: dict = {}
+
+
+class ServerOutage(L.Callback):
+    """Stops the MLflow server ``SERVERS[name]`` when training reaches ``stop_at`` and starts it again at ``start_at``
+    without waiting for it to be up. Before starting it, waits (at most ``patience`` seconds) until the logger has
+    kept the unsent metrics on disk, and records whether it had (``OBSERVED["journal_during_outage"]``)."""
+
+    def __init__(self, stop_at: int, start_at: int, patience: float = 60.0, name: str = "mlflow"):
+        self.stop_at, self.start_at, self.patience, self.name = stop_at, start_at, patience, name
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        step, server = trainer.global_step, SERVERS[self.name]
+        if step == self.stop_at:
+            server.stop()
+        if step == self.start_at:
+            journal, deadline = trainer.logger._unsent_file(), time.time() + self.patience
+            while not journal.is_file() and time.time() < deadline:
+                time.sleep(0.2)
+            OBSERVED["journal_during_outage"] = journal.is_file()
+            server.start(wait=False)
