@@ -146,6 +146,7 @@ class MLflowLogger(MLFlowLogger):
         self.continued = False  # the run existed before this training (resume or explicit run_id)
         self.flush_timeout = flush_timeout
         self._outbox: MetricOutbox | None = None
+        self._final_status: str | None = None  # KILLED when a signal stopped training (lit/preemption.py)
 
     @property
     def save_dir(self) -> str:
@@ -190,12 +191,27 @@ class MLflowLogger(MLFlowLogger):
         self._outbox.put(batch)
 
     @rank_zero_only
+    def mark_interrupted(self, signal_name: str, step: int, checkpoint: str) -> None:
+        """Training was stopped by ``signal_name`` after saving ``checkpoint``: the run ends KILLED, tagged."""
+        self._final_status = "KILLED"
+        if not self._initialized:
+            return
+        from mlflow.entities import RunTag
+
+        tags = {"arch_lab.stopped_by": signal_name, "arch_lab.stopped_at_step": str(step),
+                "arch_lab.resume_from": checkpoint}
+        try:
+            self.experiment.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        except Exception as exc:  # the server is away: the checkpoint and the exit line say it all the same
+            warn(f"could not tag MLflow run {self.run_id} as interrupted ({short_error(exc)})")
+
+    @rank_zero_only
     def finalize(self, status: str = "success") -> None:
         """Send what is pending, log checkpoints, mark the run terminated; a store that stays away costs
         nothing: what it did not take is kept in a file, with one line saying how to send it."""
         if not self._initialized:
             return
-        status = FINAL_STATUS.get(status, status)
+        status = self._final_status or FINAL_STATUS.get(status, status)
         outbox, self._outbox = self._outbox, None
         left = outbox.close(self.flush_timeout, status) if outbox is not None else 0
         if self._checkpoint_callback:

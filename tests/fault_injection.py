@@ -28,6 +28,28 @@ class SigkillAtStep(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SignalAtStep(L.Callback):
+    """Sends ``signal`` (SIGTERM, SIGUSR1 or SIGINT, as from a scheduler or Ctrl-C) to this process when training
+    reaches ``step``: it arrives in the middle of that step, as a real one does."""
+
+    def __init__(self, step: int, signal: str = "SIGTERM"):
+        self.step, self.signal = step, signal
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class SlowSteps(L.Callback):
+    """Makes every training step last at least ``seconds`` (a clock-based checkpoint then falls between steps)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        time.sleep(self.seconds)
+
+
 class PoisonWeightsAtStep(L.Callback):
     """Sets one weight to NaN before the forward pass of ``step`` (on one ``rank`` only, or on all): the loss of
     that step is NaN there."""

@@ -53,6 +53,7 @@ def test_a_server_down_before_training_is_one_line_at_once(workdir, capsys):
     assert not (workdir / "runs").exists()  # nothing was trained
 
 
+@pytest.mark.slow  # a new local sqlite store costs ~5-20 s of MLflow migrations on 2 busy cores
 def test_falling_back_to_the_local_store_and_copying_the_run_to_the_server_later(workdir, server, caplog):
     dead = f"http://127.0.0.1:{free_port()}"
     with caplog.at_level("WARNING", logger="lit.tracking"):
