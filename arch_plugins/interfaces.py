@@ -10,7 +10,9 @@ Two optional declarations let a component tell the outside world what it needs o
 block or any callback naming it: a weight that must stay on the unit sphere
 (``arch_plugins.constraints.declare_unit_norm``), and a learned scalar worth watching during training
 (``arch_plugins.diagnostics.declare_diagnostic``; the diagnostics callback records it as
-``diag/scalar/<module path>.<name>``). A module calls them on itself in ``__init__``::
+``diag/scalar/<module path>.<name>``), and a behaviour that follows the step count
+(``arch_plugins.progress.declare_progress_hook``: PRepBN's schedule, BHyT's refresh). A module calls them
+on itself in ``__init__``::
 
     class MyNorm(nn.Module):
         def __init__(self, dim):
@@ -116,6 +118,14 @@ class NormStrategy:
         """Whether weights of ``role`` must be kept at unit norm along their d_model axis."""
         return False
 
+    def bind(self, layer: int, block: nn.Module, stack: StackInfo) -> None:
+        """Called once per block, after the block is built, with the block itself.
+
+        For strategies whose site modules read the weights of the block they sit in: BHyT approximates
+        the MLP-input variance from W_V and W_O, found by role (``arch_plugins.roles.dense_role``), never
+        by attribute name. Most strategies do nothing here.
+        """
+
 
 class ResidualMerge(nn.Module):
     """Merges one sublayer's output into the residual stream. One instance per sublayer."""
@@ -125,6 +135,21 @@ class ResidualMerge(nn.Module):
         return h
 
     def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        raise NotImplementedError
+
+    def fuse(self, branch_site: nn.Module, after_add_site: nn.Module) -> bool:
+        """Offer to run the sublayer's tail as one step; True takes it, and the block then calls ``fused``.
+
+        The tail is ``y = branch_site(raw); h = after_add_site(self(h, y, history))`` (the ``*_out`` site, this
+        merge, the ``*_after_add`` site). A merge that knows both sites can compute it in one pass (nGPT's
+        normalise-interpolate-normalise as one kernel). Asked once, when the block is built, and only where
+        nothing stands between the sites and the merge (no stochastic depth). Default: decline.
+        A merge that accepts must not register the sites as its submodules (the block owns them).
+        """
+        return False
+
+    def fused(self, h: torch.Tensor, raw: torch.Tensor, history: ResidualHistory) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused tail: (the new stream, ``branch_site(raw)``), the second for ``history.branches``."""
         raise NotImplementedError
 
 

@@ -114,9 +114,9 @@ class PlainGPT(nn.Module):
 # --------------------------------------------------------------------------- model builders
 
 
-def build_ours(args: argparse.Namespace) -> tuple[nn.Module, int]:
+def build_ours(args: argparse.Namespace, norm: str = "rmsnorm") -> tuple[nn.Module, int]:
     arch = TransformerConfig(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, mlp="swiglu",
-                             norm="rmsnorm", residual="add", projection="linear", positions="rope")
+                             norm=norm, residual="add", projection="linear", positions="rope")
     return GPT(vocab_size=args.vocab, block_size=args.seq, arch=arch), arch.resolved_mlp_hidden()
 
 
@@ -219,6 +219,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument("--norms", nargs="*", default=[], metavar="NORM",
+                   help="also time ours with these norm strategies (models 'norm=NAME'), e.g. layernorm bhyt")
+    p.add_argument("--no-peers", action="store_true", help="skip the plain stack and x-transformers")
     args = p.parse_args(argv)
     if args.steps < 1 or args.rounds < 1 or args.warmup < 0:
         p.error("--steps and --rounds must be >= 1, --warmup >= 0")
@@ -240,12 +243,16 @@ def main(argv: list[str] | None = None) -> dict:
     models: dict[str, nn.Module] = {}
     torch.manual_seed(args.seed)
     models[OURS], hidden = build_ours(args)
+    for norm in args.norms:  # the same model with another norm strategy, timed in the same rounds
+        torch.manual_seed(args.seed)
+        models[f"norm={norm}"] = build_ours(args, norm)[0]
     torch.manual_seed(args.seed)
-    models[PLAIN] = build_plain(args, hidden)
-    xt = import_x_transformers()
-    if xt is None:
+    if not args.no_peers:
+        models[PLAIN] = build_plain(args, hidden)
+    xt = None if args.no_peers else import_x_transformers()
+    if xt is None and not args.no_peers:
         print('note: x_transformers is not importable; skipping it (pip install -e ".[bench]")')
-    else:
+    elif xt is not None:
         torch.manual_seed(args.seed)
         models[XT] = build_x_transformers(xt, args, hidden)
 
@@ -281,10 +288,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     ours = benches[0].median
     print()
-    print("| model | params | tokens/s | ours / model |")
-    print("|---|---:|---:|---:|")
+    print("| model | params | tokens/s | ours / model | spread over rounds |")
+    print("|---|---:|---:|---:|---:|")
     for b in benches:
-        print(f"| {b.name} | {b.params / 1e6:.3f}M | {b.median:,.0f} | {ours / b.median:.2f} |")
+        spread = (max(b.tokens_per_s) - min(b.tokens_per_s)) / b.median
+        print(f"| {b.name} | {b.params / 1e6:.3f}M | {b.median:,.0f} | {ours / b.median:.3f} | {100 * spread:.1f}% |")
     ratios = {f"ours/{b.name}": ours / b.median for b in benches[1:]}
     print()
     for key, value in ratios.items():

@@ -107,6 +107,7 @@ class ArchLabCLI(LightningCLI):
         return None if path in LIGHTNING_CHECKPOINT_NAMES else path
 
 
+PROCEDURES = ("convert-norm", "remove-norms")
 DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans", "bytes_per_token")
 # --ckpt_path values that Lightning resolves itself (there is no file to check yet), or none at all.
 LIGHTNING_CHECKPOINT_NAMES = (None, "last", "best", "hpc")
@@ -125,6 +126,13 @@ def main(args: list[str] | None = None) -> LightningCLI | None:
         from lit.plugins_command import main as plugins
 
         code = plugins(argv[1:])
+        if code:
+            sys.exit(code)
+        return
+    if argv[:1] and argv[0] in PROCEDURES:  # procedures on a trained model (lit/procedures)
+        from lit.procedures import run
+
+        code = run(argv[0], argv[1:])
         if code:
             sys.exit(code)
         return

@@ -13,7 +13,8 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from lit.callbacks import RenormalizeUnitNormWeights, StopOnNonFiniteLoss, has_unit_norm_weights
+from arch_plugins.progress import has_progress_hooks
+from lit.callbacks import RenormalizeUnitNormWeights, ReportTrainingProgress, StopOnNonFiniteLoss, has_unit_norm_weights
 from lit.checkpoints import restore_rng_states, rng_states
 from lit.diagnostics import Diagnostics, DiagnosticsConfig
 from lit.optim import adamw_warmup_cosine
@@ -81,6 +82,9 @@ class ArchitectureTask(L.LightningModule):
         callbacks: list[L.Callback] = [StopOnNonFiniteLoss()]
         if has_unit_norm_weights(self.model):
             callbacks.append(RenormalizeUnitNormWeights())
+        # Likewise for modules that follow the step count (PRepBN's schedule, BHyT's refresh).
+        if has_progress_hooks(self.model):
+            callbacks.append(ReportTrainingProgress())
         # On by default, as cheap as its interval makes it; off (interval 0) attaches nothing at all.
         if self.diagnostics.enabled:
             callbacks.append(Diagnostics(self.diagnostics))

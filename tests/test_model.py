@@ -113,7 +113,7 @@ def test_rope_pct_that_rotates_no_even_number_of_dims_is_refused(pct):
 # --- GPT ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("positions", ["rope", "learned", "none"])
-@pytest.mark.parametrize("mlp", ["swiglu", "gelu"])
+@pytest.mark.parametrize("mlp", ["swiglu", "gelu", "relu2"])
 def test_gpt_is_causal(positions, mlp):
     torch.manual_seed(0)
     model = GPT(50, 16, tiny(positions=positions, mlp=mlp)).eval()
@@ -122,6 +122,17 @@ def test_gpt_is_causal(positions, mlp):
     changed[:, 10:] = (changed[:, 10:] + 1) % 50
     torch.testing.assert_close(model(idx)[:, :10], model(changed)[:, :10])
     assert not torch.allclose(model(idx)[:, 10:], model(changed)[:, 10:])
+
+
+def test_relu2_mlp_is_relu_squared_at_width_4d():
+    """modded-nanogpt's MLP: down(relu(up(x))^2), hidden 4d, as GELU's."""
+    torch.manual_seed(0)
+    cfg = tiny(mlp="relu2", bias=True)
+    mlp = GPT(50, 16, cfg).stack.blocks[0].mlp
+    assert mlp.up.weight.shape == (4 * cfg.d_model, cfg.d_model) == (cfg.resolved_mlp_hidden(), cfg.d_model)
+    x = torch.randn(2, 5, cfg.d_model)
+    expected = F.linear(F.relu(F.linear(x, mlp.up.weight, mlp.up.bias)) ** 2, mlp.down.weight, mlp.down.bias)
+    torch.testing.assert_close(mlp(x), expected)
 
 
 def test_weight_tying_and_init():

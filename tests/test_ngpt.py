@@ -143,6 +143,28 @@ def test_bad_scale_options_are_one_line_errors(option):
         GPT(10, 8, ngpt(residual_options={"alpha_scale": 0.0}))
 
 
+def test_kernel_option_and_when_the_residual_fuses_the_stream_update():
+    for options in ({"norm_options": {"kernel": "cuda"}}, {"residual_options": {"kernel": "fast"}}):
+        with pytest.raises(registry.PluginError, match="kernel must be one of auto, triton, torch") as info:
+            GPT(10, 8, ngpt(**options))
+        assert "\n" not in str(info.value)
+    fused = lambda cfg: [(b.attn_fused, b.mlp_fused) for b in TransformerStack(cfg, causal=True, max_len=8).blocks]
+    # auto (the default) takes the block's tail (on the torch path until a GPU measurement says otherwise).
+    assert fused(ngpt()) == [(True, True)] * 2
+    assert fused(ngpt(residual_options={"kernel": "torch"})) == [(False, False)] * 2
+    assert fused(ngpt(norm="rmsnorm")) == [(False, False)] * 2  # the sites are not the hypersphere's norms
+    assert fused(ngpt(drop_path=0.1)) == [(True, True), (False, False)]  # stochastic depth sits in between
+
+
+def test_fused_tail_on_its_torch_path_is_the_unfused_block_exactly():
+    torch.manual_seed(7)
+    unfused = GPT(40, 8, ngpt(residual_options={"kernel": "torch"}))
+    fused = GPT(40, 8, ngpt())
+    fused.load_state_dict(unfused.state_dict())
+    idx = torch.randint(0, 40, (2, 8))
+    assert torch.equal(fused(idx), unfused(idx))
+
+
 # --- a whole block against the spec, written out by hand ----------------------------------------------
 
 def spec_block(block, h: torch.Tensor, rope: RotaryEmbedding, causal: bool) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from arch_plugins import registry
 from arch_plugins.constraints import renormalize_, unit_norm_parameters
 from arch_plugins.interfaces import Role, Site, StackInfo
+from arch_plugins.kernels import dispatch
 from arch_plugins.projections.pattention import Pattention
 from arch_plugins.registry import PluginError
 from lit.models.transformer import TransformerConfig, TransformerStack
@@ -80,6 +81,12 @@ def test_bad_options_are_one_clear_error():
     proj = registry.create("projection", "pattention", {})
     with pytest.raises(PluginError, match="arch.bias=false"):
         proj.linear(8, 8, Role.Q, 0, STACK, bias=True, init_std=0.02)
+    with pytest.raises(registry.PluginError, match="kernel must be one of auto, triton, torch"):
+        registry.create("projection", "pattention", {"kernel": "cuda"})
+    if dispatch.triton_import_error() is None:
+        with pytest.raises(registry.PluginError, match="Θ kernel for activation l2_norm_gelu only"):
+            registry.create("projection", "pattention", {"kernel": "triton", "activation": "softmax"})
+    assert Pattention(4, 4, n=3, kernel="torch").kernel == "torch" and Pattention(4, 4, n=3).kernel == "auto"
 
 
 def test_tokenformer_stack_has_no_dense_weights_and_tokenformer_norms():

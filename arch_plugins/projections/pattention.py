@@ -4,6 +4,9 @@ The input attends to ``n`` key tokens; the scores go through Θ (row-wise L2 nor
 sqrt(n), then GeLU) and weight ``n`` value tokens. Q, K, V and the attention output are each one
 Pattention (n = d_model), and the whole FFN is a single Pattention (n = 4 d_model). Because the
 parameters are tokens, a trained model can grow by appending tokens (see ``grow_from``).
+
+The ``kernel`` option runs Θ (``l2_norm_gelu``) as one fused Triton kernel
+(``arch_plugins.kernels.pattention_theta``); ``auto`` does so only where it was measured faster.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torch import nn
 
 from arch_plugins.constraints import declare_unit_norm
 from arch_plugins.interfaces import ProjectionType, Role, StackInfo
+from arch_plugins.kernels.dispatch import PATTENTION_THETA, check_kernel, use_triton
 from arch_plugins.registry import PluginError
 
 Activation = Literal["l2_norm_gelu", "gelu_l2_norm", "softmax"]
@@ -39,20 +43,31 @@ def theta(scores: torch.Tensor, activation: Activation, scale: float | torch.Ten
     raise ValueError(f"unknown Pattention activation {activation!r}; use l2_norm_gelu, gelu_l2_norm or softmax")
 
 
+def check_theta_kernel(kernel: str, activation: Activation) -> str:
+    """The ``kernel`` option, validated against the activation: only ``l2_norm_gelu`` has a Triton kernel."""
+    check_kernel(kernel)
+    if kernel == "triton" and activation != "l2_norm_gelu":
+        raise ValueError(f"kernel: triton has a Θ kernel for activation l2_norm_gelu only, not {activation!r}; "
+                         f"use kernel: auto or torch")
+    return kernel
+
+
 class Pattention(nn.Module):
     """``Θ(x K_Pᵀ) V_P`` with key tokens K_P (n, d_in) and value tokens V_P (n, d_out); no bias.
 
     ``scale_tokens`` (a buffer, so it travels in checkpoints) is the n whose square root scales the
     normalised scores: the token count at construction, the old count after a function-preserving growth.
+    ``kernel`` picks Θ's implementation (``auto``, ``triton``, ``torch``: see ``PattentionProjection``).
     """
 
     def __init__(self, d_in: int, d_out: int, n: int, *, activation: Activation = "l2_norm_gelu",
-                 eps: float = 1e-5, key_std: float = 0.02, value_std: float = 0.02):
+                 eps: float = 1e-5, key_std: float = 0.02, value_std: float = 0.02, kernel: str = "auto"):
         super().__init__()
         if n < 1:
             raise ValueError(f"Pattention needs at least one parameter token, got n={n}")
         theta(torch.zeros(1, 1), activation, 1.0, eps)  # fail at construction on an unknown activation
         self.d_in, self.d_out, self.activation, self.eps = d_in, d_out, activation, eps
+        self.kernel = check_theta_kernel(kernel, activation)
         self.key_std, self.value_std = key_std, value_std
         self.key_param_tokens = nn.Parameter(torch.empty(n, d_in))
         self.value_param_tokens = nn.Parameter(torch.empty(n, d_out))
@@ -70,11 +85,18 @@ class Pattention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scores = x @ self.key_param_tokens.t()
         # A tensor op, not .item(): no host sync on GPU and no graph break under torch.compile.
-        weights = theta(scores, self.activation, self.scale_tokens.sqrt(), self.eps)
+        scale = self.scale_tokens.sqrt()
+        if self.activation == "l2_norm_gelu" and use_triton(self.kernel, PATTENTION_THETA, scores):
+            from arch_plugins.kernels.pattention_theta import pattention_theta
+
+            weights = pattention_theta(scores, scale, self.eps)
+        else:
+            weights = theta(scores, self.activation, scale, self.eps)
         return weights @ self.value_param_tokens
 
     def extra_repr(self) -> str:
-        return f"d_in={self.d_in}, d_out={self.d_out}, n={self.num_tokens}, activation={self.activation}"
+        return (f"d_in={self.d_in}, d_out={self.d_out}, n={self.num_tokens}, activation={self.activation}, "
+                f"kernel={self.kernel}")
 
     def constrain_unit_norm(self, axis: Literal["in", "out"]) -> None:
         # Every key token lives in the input space and every value token in the output space; under
@@ -126,12 +148,15 @@ class PattentionProjection(ProjectionType):
         eps: added to the L2 norm so that a zero score row stays finite.
         key_std: std of the key tokens.
         value_std: std of the value tokens; None: 2 / (n_layers * sqrt(d_model)).
+        kernel: Θ as a fused Triton kernel: ``auto`` (where measured faster, else torch), ``triton`` (l2_norm_gelu
+            only) or ``torch`` (arch_plugins.kernels).
     """
 
     def __init__(self, tokens_qkv: int | None = None, tokens_out: int | None = None, tokens_ffn: int | None = None,
                  activation: Activation = "l2_norm_gelu", eps: float = 1e-5, key_std: float = 0.02,
-                 value_std: float | None = None):
+                 value_std: float | None = None, kernel: str = "auto"):
         theta(torch.zeros(1, 1), activation, 1.0, eps)
+        self.kernel = check_theta_kernel(kernel, activation)
         for name, n in (("tokens_qkv", tokens_qkv), ("tokens_out", tokens_out), ("tokens_ffn", tokens_ffn)):
             if n is not None and (not isinstance(n, int) or n < 1):
                 raise ValueError(f"{name} is a number of parameter tokens: give a positive integer, got {n!r}")
@@ -152,7 +177,7 @@ class PattentionProjection(ProjectionType):
                               "set arch.bias=false")
         value_std = self.value_std if self.value_std is not None else 2 / (stack.num_layers * math.sqrt(stack.d_model))
         return Pattention(d_in, d_out, n, activation=self.activation, eps=self.eps, key_std=self.key_std,
-                          value_std=value_std)
+                          value_std=value_std, kernel=self.kernel)
 
     def linear(self, d_in: int, d_out: int, role: str, layer: int, stack: StackInfo, *, bias: bool,
                init_std: float) -> Pattention:

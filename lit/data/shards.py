@@ -66,12 +66,17 @@ def find_shards(directory: str | Path, split: str) -> list[Path]:
 class TokenWindows(Dataset):
     """Non-overlapping (input, target) windows of ``block_size`` tokens over a list of shards.
 
-    Windows never cross a shard boundary (shards are separate documents streams).
+    Windows never cross a shard boundary (shards are separate documents streams). ``max_tokens`` keeps only
+    the first that many predicted tokens, in shard order (a fixed validation set, as modded-nanogpt's first
+    10,485,760 tokens of ``fineweb_val_000000.bin``).
     """
 
-    def __init__(self, shards: list[Path], block_size: int, default_dtype: str = "uint16"):
+    def __init__(self, shards: list[Path], block_size: int, default_dtype: str = "uint16",
+                 max_tokens: int | None = None):
         self.block_size = block_size
         self.arrays = [open_shard(p, default_dtype) for p in shards]
+        if max_tokens is not None:
+            self.arrays = first_tokens(self.arrays, max_tokens)
         counts = [max(0, (len(a) - 1) // block_size) for a in self.arrays]
         if sum(counts) == 0:
             raise UserInputError(f"shards {[str(p) for p in shards]} hold fewer than block_size+1="
@@ -81,8 +86,26 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return self.offsets[-1]
 
+    @property
+    def n_predicted(self) -> int:
+        """Tokens scored in one pass: every window predicts ``block_size`` of them."""
+        return len(self) * self.block_size
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         s = bisect.bisect_right(self.offsets, i) - 1
         start = (i - self.offsets[s]) * self.block_size
         chunk = torch.from_numpy(self.arrays[s][start:start + self.block_size + 1].astype(np.int64))
         return chunk[:-1], chunk[1:]
+
+
+def first_tokens(arrays: list[np.ndarray], n: int) -> list[np.ndarray]:
+    """The shards cut so that they hold the first ``n`` predicted tokens: ``n + 1`` tokens of a single shard
+    (each window's targets are its inputs shifted by one), and the same counted per shard across several."""
+    kept, remaining = [], n
+    for array in arrays:
+        if remaining <= 0:
+            break
+        piece = array[:remaining + 1]
+        kept.append(piece)
+        remaining -= max(0, len(piece) - 1)
+    return kept

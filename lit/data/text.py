@@ -80,6 +80,9 @@ class TextDataModule(L.LightningDataModule):
         num_samples: how many samples ``predict`` draws.
         seed: seed of the training order; None follows ``seed_everything``. A sweep gives seed i the same
             order in every variant, so their differences pair (see ``lit.data.resumable``).
+        val_tokens: score only the first this many tokens of the validation split (a multiple of
+            ``block_size``); None: all of it. modded-nanogpt validates on the first 10,485,760 tokens of its
+            FineWeb val shard (recipes/gpt_fineweb_track3.yaml).
 
     ``bytes_per_token`` (a fact linked to the model, for ``val/bpb``) is the UTF-8 bytes per token of the
     validation text, or ``meta.json``'s value for shards (``lit.data.prepare`` writes it); None if unknown.
@@ -88,11 +91,15 @@ class TextDataModule(L.LightningDataModule):
     def __init__(self, text_file: str | None = None, shards_dir: str | None = None,
                  vocab_size: int | None = None, block_size: int = 256, batch_size: int = 32,
                  val_fraction: float = 0.1, num_workers: int = 0, prompt: str = "\n", num_samples: int = 1,
-                 seed: int | None = None):
+                 seed: int | None = None, val_tokens: int | None = None):
         super().__init__()
         self.seed = seed
         if not 0 < val_fraction < 1:
             raise UserInputError(f"--data.val_fraction must be in (0, 1), got {val_fraction}")
+        if val_tokens is not None and (val_tokens <= 0 or val_tokens % block_size):
+            raise UserInputError(f"--data.val_tokens={val_tokens} must be a positive multiple of --data.block_size="
+                                 f"{block_size}, so that every validation token is scored exactly once")
+        self.val_tokens = val_tokens
         self.text_file, self.shards_dir = text_file, shards_dir
         self.block_size, self.batch_size, self.num_workers = block_size, batch_size, num_workers
         self.val_fraction, self.prompt, self.num_samples = val_fraction, prompt, num_samples
@@ -128,15 +135,24 @@ class TextDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.shards_dir is not None:
             self.train_set = TokenWindows(find_shards(self.shards_dir, "train"), self.block_size, self.shard_dtype)
-            self.val_set = TokenWindows(find_shards(self.shards_dir, "val"), self.block_size, self.shard_dtype)
+            self.val_set = TokenWindows(find_shards(self.shards_dir, "val"), self.block_size, self.shard_dtype,
+                                        max_tokens=self.val_tokens)
+            self._check_val_tokens(self.val_set.n_predicted)
             return
         tokens = torch.from_numpy(np.array(self.tokenizer.encode(self.text), dtype=np.int64))
         split = self._split_index(len(tokens))
         self.train_set = _Windows(tokens[:split], self.block_size)
-        self.val_set = _Windows(tokens[split:], self.block_size)
+        val_end = len(tokens) if self.val_tokens is None else split + self.val_tokens + 1
+        self.val_set = _Windows(tokens[split:val_end], self.block_size)
+        self._check_val_tokens(len(self.val_set) * self.block_size)
         if len(self.train_set) == 0 or len(self.val_set) == 0:
             raise UserInputError(f"the corpus is too short for block_size={self.block_size} "
                                  f"({len(tokens)} tokens); lower --data.block_size")
+
+    def _check_val_tokens(self, scored: int) -> None:
+        if self.val_tokens is not None and scored < self.val_tokens:
+            raise UserInputError(f"--data.val_tokens={self.val_tokens} but the validation split holds only {scored} "
+                                 f"scorable tokens at block_size={self.block_size}; lower --data.val_tokens")
 
     def _eval_loader(self, dataset: Dataset) -> DataLoader:
         return DataLoader(dataset, batch_size=self.batch_size, num_workers=self.num_workers,

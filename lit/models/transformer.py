@@ -41,8 +41,9 @@ class TransformerConfig:
     d_model: int = 256
     n_layers: int = 6
     n_heads: int = 4
-    mlp: Literal["swiglu", "gelu"] = "swiglu"
-    # Hidden width of the MLP; None: 4*d for GELU, 2/3 of that (rounded up to 64) for SwiGLU,
+    # relu2: ReLU(x)^2 (Primer; modded-nanogpt's MLP).
+    mlp: Literal["swiglu", "gelu", "relu2"] = "swiglu"
+    # Hidden width of the MLP; None: 4*d for GELU and ReLU^2, 2/3 of that (rounded up to 64) for SwiGLU,
     # so both have the same parameter count.
     mlp_hidden: int | None = None
     bias: bool = False
@@ -67,7 +68,7 @@ class TransformerConfig:
     def resolved_mlp_hidden(self) -> int:
         if self.mlp_hidden is not None:
             return self.mlp_hidden
-        if self.mlp == "gelu":
+        if self.mlp in ("gelu", "relu2"):
             return 4 * self.d_model
         return 64 * math.ceil(4 * self.d_model * 2 / 3 / 64)
 
@@ -152,12 +153,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU MLP or SwiGLU (value * silu(gate)) with a norm-strategy site on the hidden pre-activation."""
+    """GELU or ReLU^2 MLP, or SwiGLU (value * silu(gate)), with a norm-strategy site on the hidden pre-activation."""
 
     def __init__(self, cfg: TransformerConfig, stack: StackInfo, layer: int, plugins: Plugins):
         super().__init__()
         d, hidden, proj = cfg.d_model, stack.mlp_hidden, plugins.projection
-        self.gated = cfg.mlp == "swiglu"
+        self.gated, self.relu2 = cfg.mlp == "swiglu", cfg.mlp == "relu2"
         widths, roles = ([hidden, hidden], [Role.MLP_IN, Role.MLP_GATE]) if self.gated else ([hidden], [Role.MLP_IN])
         self.up = proj.fused(d, widths, roles, layer, stack, bias=cfg.bias, init_std=_init_std(cfg, Role.MLP_IN))
         self.hidden = _site(plugins.norm, Site.MLP_HIDDEN, sum(widths), layer, stack)
@@ -171,6 +172,8 @@ class MLP(nn.Module):
         if self.gated:
             value, gate = u.chunk(2, dim=-1)
             return self.down(value * F.silu(gate))
+        if self.relu2:
+            return self.down(F.relu(u).square())
         return self.down(F.gelu(u))
 
 
@@ -196,18 +199,32 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         rate = cfg.drop_path * layer / max(1, cfg.n_layers - 1)
         self.drop_path = DropPath(rate) if rate > 0 else nn.Identity()
+        norm.bind(layer, self, stack)  # sites that read this block's weights (BHyT) find them now
+        # A merge may take over its sublayer's tail (out site, merge, after-add site) and run it fused; not
+        # when stochastic depth stands between the out site and the merge.
+        fusable = isinstance(self.drop_path, nn.Identity)
+        self.attn_fused = fusable and self.attn_merge.fuse(self.attn_out, self.attn_after_add)
+        self.mlp_fused = fusable and self.mlp_merge.fuse(self.mlp_out, self.mlp_after_add)
 
     def forward(self, h: torch.Tensor, history: ResidualHistory, rope: RotaryEmbedding | None) -> torch.Tensor:
         history.block_inputs.append(h)
         x = self.attn_merge.branch_input(h, history)
-        y = self.drop_path(self.attn_out(self.drop(self.attn(self.attn_in(x), rope))))
-        h = self.attn_after_add(self.attn_merge(h, y, history))
+        y = self.drop(self.attn(self.attn_in(x), rope))
+        if self.attn_fused:
+            h, y = self.attn_merge.fused(h, y, history)
+        else:
+            y = self.drop_path(self.attn_out(y))
+            h = self.attn_after_add(self.attn_merge(h, y, history))
         history.states.append(h)
         history.branches.append(y)
 
         x = self.mlp_merge.branch_input(h, history)
-        y = self.drop_path(self.mlp_out(self.drop(self.mlp(self.mlp_in(x)))))
-        h = self.mlp_after_add(self.mlp_merge(h, y, history))
+        y = self.drop(self.mlp(self.mlp_in(x)))
+        if self.mlp_fused:
+            h, y = self.mlp_merge.fused(h, y, history)
+        else:
+            y = self.drop_path(self.mlp_out(y))
+            h = self.mlp_after_add(self.mlp_merge(h, y, history))
         history.states.append(h)
         history.branches.append(y)
         return h

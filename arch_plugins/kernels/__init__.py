@@ -1,0 +1,15 @@
+"""Fused Triton kernels for the element-wise work nGPT and TokenFormer add, each a drop-in for a plugin's eager path.
+
+One file per fused op, each a ``torch.autograd.Function`` with a hand-written backward:
+
+- ``row_l2_normalize``: x / max(|x|, eps) over the last dim (nGPT's normalisation of sublayer outputs, the stream
+  and the embedding);
+- ``qk_normalize``: nGPT's per-head q <- s_qk^2 * q/|q|, k <- k/|k|;
+- ``ngpt_stream_update``: h <- Norm(lerp(h, Norm(branch), |alpha|)) in one pass;
+- ``pattention_theta``: TokenFormer's Θ, GeLU(A / |A| * sqrt(n)) over each row of scores.
+
+Plugins choose them with their ``kernel`` option (``auto``, ``triton``, ``torch``); ``dispatch`` holds the rule,
+``measured`` the data ``auto`` decides from. triton is optional: nothing here imports it unless it is installed,
+and without it ``kernel: triton`` is a one-line error while ``auto`` stays on torch. Pure PyTorch + Triton: no
+Lightning here.
+"""

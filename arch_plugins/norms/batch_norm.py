@@ -1,0 +1,68 @@
+"""BatchNorm over every token of the global batch, synchronised across data-parallel processes.
+
+Statistics are per channel over all tokens of all samples on all processes (SyncBatchNorm's semantics):
+the sums are all-reduced with ``torch.distributed.nn.functional.all_reduce``, which is differentiable (its
+backward all-reduces the gradient), so the gradient is the one of the global batch too. The mean is
+reduced first and the variance around it second (two small all-reduces of C numbers) rather than
+E[x^2] - E[x]^2, which loses precision in fp32 when the mean is large against the spread.
+``nn.SyncBatchNorm`` does the same but runs only on GPUs; this one runs on CPU and gloo as well.
+
+Running statistics follow ``nn.BatchNorm1d``: momentum 0.1, unbiased variance (n / (n - 1)).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return t
+    from torch.distributed.nn.functional import all_reduce
+
+    return all_reduce(t)
+
+
+class SyncTokenBatchNorm(nn.Module):
+    """BatchNorm of (..., C) inputs over all leading dims and all processes; affine gamma, beta."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, momentum: float = 0.1, sync: bool = True):
+        super().__init__()
+        self.eps, self.momentum, self.sync = eps, momentum, sync
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.register_buffer("running_mean", torch.zeros(dim))
+        self.register_buffer("running_var", torch.ones(dim))
+
+    def _reduce(self, t: torch.Tensor) -> torch.Tensor:
+        return _all_reduce(t) if self.sync else t
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return self.affine_at_inference_apply(x)
+        flat = x.reshape(-1, x.shape[-1]).float()
+        count = self._reduce(torch.full((1,), float(flat.shape[0]), device=x.device))
+        mean = self._reduce(flat.sum(dim=0)) / count
+        centred = flat - mean
+        var = self._reduce(centred.square().sum(dim=0)) / count
+        with torch.no_grad():
+            unbiased = var * (count / (count - 1).clamp(min=1))
+            self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+            self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+        y = centred * torch.rsqrt(var + self.eps) * self.weight + self.bias
+        return y.reshape(x.shape).to(x.dtype)
+
+    def inference_scale_shift(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a, b) with eval output a * x + b: the running statistics folded with gamma and beta."""
+        inv = torch.rsqrt(self.running_var + self.eps)
+        return self.weight * inv, self.bias - self.weight * self.running_mean * inv
+
+    def affine_at_inference_apply(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.inference_scale_shift()
+        return (x * a + b).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps:g}, momentum={self.momentum:g}, sync={self.sync}"

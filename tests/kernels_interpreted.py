@@ -1,0 +1,193 @@
+"""The Triton kernels in Triton's CPU interpreter: tiny, odd-sized, non-contiguous inputs, and the plugins' wiring.
+
+Not collected by the default run (the name does not start with ``test_``): TRITON_INTERPRET must be set before
+triton is first imported (its own library functions are built for one mode at import), and in the test session
+something (lightning) has imported it long before. tests/test_kernels.py runs this file in a fresh process
+with TRITON_INTERPRET=1. By hand:
+
+    TRITON_INTERPRET=1 python -m pytest tests/kernels_interpreted.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arch_plugins.kernels import dispatch
+from arch_plugins.norms.hypersphere import l2_normalize
+from arch_plugins.projections.pattention import theta
+from tests.kernel_checks import (
+    check_ngpt_stream_update,
+    check_pattention_theta,
+    check_qk_normalize,
+    check_row_l2_normalize,
+    compare,
+    eager_stream_update,
+)
+
+if not dispatch.interpreting():
+    pytest.skip("runs with TRITON_INTERPRET=1 in a fresh process (tests/test_kernels.py starts it)",
+                allow_module_level=True)
+pytest.importorskip("triton")
+
+LOW = [torch.float32, torch.bfloat16]
+
+
+# --- each op against its eager path ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_row_l2_normalize(dtype):
+    check_row_l2_normalize((3, 5, 17), dtype)
+
+
+def test_row_l2_normalize_clamps_like_the_eager_path():
+    from arch_plugins.kernels.row_l2_normalize import row_l2_normalize
+
+    # A zero row, a row below eps (the clamp is active: no projection term in the gradient), a normal row.
+    x = torch.stack([torch.zeros(9), torch.full((9,), 1e-4), torch.linspace(-1, 2, 9)]).requires_grad_()
+    compare(lambda x: row_l2_normalize(x, 1e-3), lambda x: l2_normalize(x, 1e-3), [x], False)
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_qk_normalize(dtype):
+    check_qk_normalize(2, 3, 5, 7, dtype)  # an odd head_dim; B*H programs, each a (batch, head)
+
+
+def test_qk_normalize_loops_over_time_tiles():
+    check_qk_normalize(1, 2, 67, 64, torch.float32)  # 64 time steps per tile: two tiles, the second partial
+
+
+@pytest.mark.parametrize("stream_dtype, branch_dtype", [(torch.float32, torch.float32),
+                                                        (torch.float32, torch.bfloat16),  # bf16 autocast
+                                                        (torch.bfloat16, torch.bfloat16)])
+def test_ngpt_stream_update(stream_dtype, branch_dtype):
+    check_ngpt_stream_update((3, 5, 17), stream_dtype, branch_dtype)
+
+
+def test_ngpt_stream_update_without_a_branch_gradient_over_many_tiles():
+    # 4 programs loop over 25 tiles of 4 rows each (the partial sums of d alpha).
+    check_ngpt_stream_update((10, 10, 33), torch.float32, torch.float32, branch_grad=False)
+
+
+def test_ngpt_stream_update_in_bf16_is_at_least_as_accurate_as_eager():
+    """fp32 statistics: against a float64 truth, the kernel's bf16 result is no worse than the eager path's."""
+    from arch_plugins.kernels.ngpt_stream_update import ngpt_stream_update
+
+    g = torch.Generator().manual_seed(3)
+    h, b = l2_normalize(torch.randn(4, 33, generator=g)), torch.randn(4, 33, generator=g)
+    alpha = torch.rand(33, generator=g)
+    truth = eager_stream_update(h.double(), b.double(), alpha.double(), 1e-12, 1e-12)[0]
+    h16, b16 = h.bfloat16(), b.bfloat16()
+    err_kernel = (ngpt_stream_update(h16, b16, alpha, 1e-12, 1e-12)[0].double() - truth).abs().max()
+    err_eager = (eager_stream_update(h16, b16, alpha, 1e-12, 1e-12)[0].double() - truth).abs().max()
+    assert err_kernel <= err_eager
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_pattention_theta(dtype):
+    check_pattention_theta((3, 5, 19), dtype)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on the NaN row, in the interpreter
+def test_pattention_theta_on_a_zero_row_and_eps_zero():
+    from arch_plugins.kernels.pattention_theta import pattention_theta
+
+    scores = torch.stack([torch.zeros(6), torch.linspace(-2, 1, 6)]).requires_grad_()
+    compare(lambda a: pattention_theta(a, 2.0, 1e-5), lambda a: theta(a, "l2_norm_gelu", 2.0, 1e-5), [scores], False)
+    # eps = 0 is the reference GPU code: a zero row is NaN in both.
+    assert torch.isnan(pattention_theta(torch.zeros(1, 4), 2.0, 0.0)).all()
+
+
+# --- through the plugins: kernel: triton against kernel: torch, whole models -------------------------------
+
+def counting(monkeypatch, module_name: str, function: str) -> list[int]:
+    """Count the calls of a kernel op (the plugins import it when they use it, so the patch is seen)."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    calls, original = [], getattr(module, function)
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, function, wrapper)
+    return calls
+
+
+def grads_of(model: torch.nn.Module, idx: torch.Tensor):
+    import torch.nn.functional as F
+
+    logits = model(idx)
+    F.cross_entropy(logits[:, :-1].flatten(0, 1), idx[:, 1:].flatten()).backward()
+    return logits, {n: p.grad for n, p in model.named_parameters()}
+
+
+def equal_models(arch_for_kernel, seed: int):
+    from lit.models import GPT, TransformerConfig
+
+    torch.manual_seed(seed)
+    reference = GPT(13, 7, TransformerConfig(**arch_for_kernel("torch")))
+    fused = GPT(13, 7, TransformerConfig(**arch_for_kernel("triton")))
+    fused.load_state_dict(reference.state_dict())
+    return reference, fused
+
+
+def test_ngpt_model_with_kernels_equals_torch(monkeypatch):
+    from arch_plugins.constraints import renormalize_
+    from arch_plugins.interfaces import ResidualHistory
+
+    calls = {op: counting(monkeypatch, f"arch_plugins.kernels.{op}", op)
+             for op in ("row_l2_normalize", "qk_normalize", "ngpt_stream_update")}
+    # d 20 with 4 heads: head_dim 5 (odd); positions none: q and k reach the kernel as permuted views.
+    arch = lambda kernel: dict(d_model=20, n_layers=2, n_heads=4, norm="hypersphere", residual="ngpt",
+                               positions="none", norm_options={"kernel": kernel},
+                               residual_options={"kernel": kernel})
+    reference, fused = equal_models(arch, seed=0)
+    renormalize_(reference)
+    fused.load_state_dict(reference.state_dict())
+    assert all(b.attn_fused and b.mlp_fused for b in fused.stack.blocks)
+    assert not any(b.attn_fused or b.mlp_fused for b in reference.stack.blocks)  # kernel: torch: the plain block
+    idx = torch.randint(0, 13, (2, 7), generator=torch.Generator().manual_seed(0))
+    (ref_logits, ref_grads), (got_logits, got_grads) = grads_of(reference, idx), grads_of(fused, idx)
+    torch.testing.assert_close(got_logits, ref_logits, rtol=1e-5, atol=1e-5)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+    # The embedding site, q/k per block, two stream updates per block (the fused tail).
+    assert (len(calls["row_l2_normalize"]), len(calls["qk_normalize"]), len(calls["ngpt_stream_update"])) == (1, 2, 4)
+    # The fused tail fills the history as the unfused block does (the diagnostics read the branches).
+    h = l2_normalize(torch.randn(2, 7, 20))
+    histories = [ResidualHistory(states=[h]), ResidualHistory(states=[h])]
+    with torch.no_grad():
+        for model, history in zip((reference, fused), histories, strict=True):
+            model.stack.blocks[0](h, history, None)
+    for ref, got in zip(histories[0].branches + histories[0].states, histories[1].branches + histories[1].states,
+                        strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_tokenformer_model_with_kernels_equals_torch(monkeypatch):
+    calls = counting(monkeypatch, "arch_plugins.kernels.pattention_theta", "pattention_theta")
+    arch = lambda kernel: dict(d_model=12, n_layers=1, n_heads=2, norm="layernorm_nonparam", projection="pattention",
+                               projection_options={"tokens_qkv": 9, "tokens_out": 11, "tokens_ffn": 30,
+                                                   "kernel": kernel})
+    reference, fused = equal_models(arch, seed=1)
+    idx = torch.randint(0, 13, (2, 7), generator=torch.Generator().manual_seed(1))
+    (ref_logits, ref_grads), (got_logits, got_grads) = grads_of(reference, idx), grads_of(fused, idx)
+    torch.testing.assert_close(got_logits, ref_logits, rtol=1e-5, atol=1e-5)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+    assert len(calls) == 5  # q, k, v, out, FFN
+
+
+def test_auto_stays_on_torch_off_cuda_even_in_the_interpreter(monkeypatch):
+    from lit.models import GPT, TransformerConfig
+
+    calls = [counting(monkeypatch, f"arch_plugins.kernels.{op}", op) for op in
+             ("row_l2_normalize", "qk_normalize", "ngpt_stream_update", "pattention_theta")]
+    # Even a table that names every op for "cpu" does not make auto run Triton on CPU tensors.
+    monkeypatch.setattr(dispatch.measured, "MEASURED_SPEEDUPS", {"cpu": dict.fromkeys(dispatch.OPS, 9.0)})
+    for arch in (dict(norm="hypersphere", residual="ngpt"), dict(projection="pattention")):
+        model = GPT(13, 7, TransformerConfig(d_model=8, n_layers=1, n_heads=2, **arch))
+        model(torch.zeros(1, 7, dtype=torch.long)).sum().backward()
+    assert not any(calls)
