@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from arch_plugins.interfaces import KIND_INTERFACES
-
 GROUP_PREFIX = "arch_plugins."
+# The kinds by name, without their interfaces (arch_plugins.interfaces.KIND_INTERFACES, which imports torch):
+# listing what is installed reads metadata only and stays fast.
+KINDS = ("norm", "residual", "projection")
 
 
 class PluginError(Exception):
@@ -40,16 +41,16 @@ class PluginSpec:
 
 
 # Plugins registered in-process (tests, notebooks): kind -> name -> (spec, object).
-_LOCAL: dict[str, dict[str, tuple[PluginSpec, Any]]] = {k: {} for k in KIND_INTERFACES}
+_LOCAL: dict[str, dict[str, tuple[PluginSpec, Any]]] = {k: {} for k in KINDS}
 
 
 def kinds() -> list[str]:
-    return list(KIND_INTERFACES)
+    return list(KINDS)
 
 
 def _check_kind(kind: str) -> None:
-    if kind not in KIND_INTERFACES:
-        raise PluginError(f"unknown plugin kind {kind!r}; kinds are: {', '.join(KIND_INTERFACES)}")
+    if kind not in KINDS:
+        raise PluginError(f"unknown plugin kind {kind!r}; kinds are: {', '.join(KINDS)}")
 
 
 def _specs(kind: str) -> dict[str, list[PluginSpec]]:
@@ -100,6 +101,8 @@ def load(kind: str, name: str) -> type:
         except Exception as exc:  # any import-time failure of third-party code
             raise PluginError(f"{kind} {name!r} from {s.origin} failed to import ({s.target}): "
                               f"{type(exc).__name__}: {exc}") from exc
+    from arch_plugins.interfaces import KIND_INTERFACES
+
     base = KIND_INTERFACES[kind]
     if not (isinstance(obj, type) and issubclass(obj, base)):
         raise PluginError(f"{kind} {name!r} from {s.origin} is {obj!r}, not a subclass of "

@@ -7,9 +7,8 @@ CLI serves every task. User mistakes end in one ``error:`` line and exit code 2,
 from __future__ import annotations
 
 import sys
-import warnings
 
-from jsonargparse import ArgumentParser
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -19,11 +18,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 import lit.data  # noqa: F401
 import lit.image_classifier  # noqa: F401
 import lit.language_model  # noqa: F401
-from arch_plugins import registry
 from arch_plugins.registry import PluginError
 from lit.callbacks import MLflowRun, continue_checkpoint_run
 from lit.checkpoints import check_fits, checkpoint_shapes
 from lit.errors import UserInputError
+from lit.preemption import Interrupted, PreemptionCheckpoints
 from lit.tracking import LogConfigToMLflow
 
 USER_ERRORS = (PluginError, UserInputError)
@@ -59,6 +58,8 @@ class ArchLabCLI(LightningCLI):
         # Always checkpoint, with last.ckpt for resuming; configurable as --checkpoint.*.
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True})
+        # SIGTERM / SIGUSR1 / Ctrl-C save last.ckpt and stop; last.ckpt is refreshed every few minutes too.
+        parser.add_lightning_class_args(PreemptionCheckpoints, "preemption")
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
@@ -81,7 +82,10 @@ class ArchLabCLI(LightningCLI):
         self._check_checkpoint()
         # `fit --ckpt_path` continues the checkpoint's MLflow run: the run is created as fit sets up,
         # before Lightning reads the checkpoint, so the logger must know it now.
-        continue_checkpoint_run(self.trainer, self._checkpoint_file())
+        path = self._checkpoint_file()
+        if path is None and SLURMEnvironment.detect():  # a requeued job resumes from its hpc checkpoint
+            path = self.trainer._checkpoint_connector._hpc_resume_path
+        continue_checkpoint_run(self.trainer, path)
 
     def before_validate(self) -> None:
         self._check_checkpoint()
@@ -115,23 +119,15 @@ def trainer_defaults() -> dict:
     }
 
 
-def print_plugins() -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        rows = registry.catalogue()
-    header = dict(kind="KIND", name="NAME", package="PACKAGE", version="VERSION", description="DESCRIPTION")
-    widths = {k: max(len(str(r[k])) for r in [header, *rows]) for k in ("kind", "name", "package", "version")}
-    for r in [header, *rows]:
-        print("  ".join(str(r[k]).ljust(widths[k]) for k in widths) + "  " + r["description"])
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
-
-
 def main(args: list[str] | None = None) -> LightningCLI | None:
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["plugins"]:
-        ArgumentParser(prog="cli.py plugins", description="List installed plugins.").parse_args(argv[1:])
-        print_plugins()
+        # cli.py sends `plugins` to its command before importing this module (Lightning); this serves main([...]).
+        from lit.plugins_command import main as plugins
+
+        code = plugins(argv[1:])
+        if code:
+            sys.exit(code)
         return
     if argv[:1] and argv[0] in PROCEDURES:  # procedures on a trained model (lit/procedures)
         from lit.procedures import run
@@ -169,6 +165,10 @@ def _lightning_cli(args: list[str] | None, run: bool = True) -> LightningCLI:
             save_config_callback=LogConfigToMLflow, trainer_defaults=trainer_defaults(),
             parser_class=OneLineErrorParser, args=args, run=run,
         )
+    except Interrupted as exc:  # saved and stopped on a signal: say where to resume, exit as the signal asks
+        if rank_zero_only.rank == 0:
+            sys.stderr.write(f"stopped: {exc}\n")
+        sys.exit(exc.exit_code)
     except Exception as exc:
         cause = _user_error(exc)
         if cause is None:

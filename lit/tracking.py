@@ -11,6 +11,12 @@
   before the run is marked terminated); a continued run keeps its params (MLflow forbids changing
   them); sharded checkpoints, which are directories, are logged as artifacts too (Lightning skips them).
 
+- A server that does not answer is found before anything is built, in one line, and the user chooses
+  what then happens (``if_unreachable``: fail, or log to the local store and copy the run later;
+  ``lit/tracking_guard.py``). A server that goes away during training costs no metric: they wait in
+  an outbox until it is back, and what it never took is kept in a file to send later
+  (``lit/metric_outbox.py``, ``python -m lit.tracking_sync``).
+
 One run per training under many processes, resume into the same run and system metrics are the
 ``MLflowRun`` callback's part (``lit/callbacks/mlflow_run.py``).
 """
@@ -20,16 +26,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import subprocess
 import tempfile
+import time
 from argparse import Namespace
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from filelock import FileLock
-from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+from lightning.fabric.utilities.logger import _add_prefix, _convert_params, _flatten_dict
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import SaveConfigCallback
@@ -39,6 +48,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import Tensor, nn
 
 from lit.errors import UserInputError
+from lit.metric_outbox import MetricOutbox, short_error
+from lit.tracking_guard import fail_fast, is_remote, unreachable_message, unreachable_reason
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -49,6 +60,8 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAM_LENGTH = 6000  # MLflow's limit; Lightning's own log_hyperparams truncates to 250
 NOT_PARAMS = ("config", "ckpt_path")  # where the settings came from, not settings
 ASYNC_BUFFERING = "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"
+UNSENT_METRICS = "unsent_metrics.jsonl"  # in the run's folder, beside checkpoints/, while the store is down
+FINAL_STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}
 
 log = logging.getLogger(__name__)
 
@@ -72,27 +85,47 @@ class MLflowLogger(MLFlowLogger):
         log_model: log checkpoints as artifacts (False, True at the end, or "all"), sharded
             checkpoint directories included.
         run_id: continue an existing run (it must exist in the tracking store).
-        synchronous: wait for the store on every logging call. Default False: metrics and params
-            are queued and written by MLflow's background threads, so a training step never waits
-            for a database or a server, and what is queued within a second goes as one request
-            (``$MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS``, set to 1 unless already set). Nothing is
-            lost: MLflow drains the queue before it marks the run terminated (``finalize``), and at
-            exit. None: MLflow's own default (synchronous).
+        synchronous: wait for the store on every logging call. Default False: metrics go through an
+            outbox that a background thread sends once per second, so a training step never waits for a
+            database or a server; if the store cannot be reached the metrics are kept (in memory and in
+            ``<save_dir>/<experiment>/<run>/unsent_metrics.jsonl``) and sent when it is back. Params
+            are queued by MLflow (``$MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS``, set to 1 unless already
+            set), which drains its queue before the run is marked terminated. None: MLflow's own
+            default (synchronous).
         system_metrics: log CPU, memory, disk, network (and NVIDIA GPU) usage into the run with
             MLflow's ``SystemMetricsMonitor``, once per node (needs the ``MLflowRun`` callback,
             which the CLI adds).
         system_metrics_interval: seconds between two system-metric samples.
+        if_unreachable: what to do when the tracking server does not answer before training (probed
+            once, 3 s): ``fail`` with one line saying what to do, or ``local``: log to the local store
+            ``sqlite:///mlflow.db`` with a warning that names the run and how to copy it to the server.
+        flush_timeout: seconds the end of training waits for a store that went away to come back; what
+            it has not taken by then is kept in ``unsent_metrics.jsonl`` with the run's final status
+            (``python -m lit.tracking_sync send FILE`` sends it).
     """
 
     def __init__(self, experiment_name: str = "arch-lab", run_name: str | None = None,
                  tracking_uri: str | None = None, tags: dict[str, str] | None = None, save_dir: str = "runs",
                  log_model: Literal[True, False, "all"] = False, artifact_location: str | None = None,
                  run_id: str | None = None, synchronous: bool | None = False, system_metrics: bool = True,
-                 system_metrics_interval: float = 10.0):
+                 system_metrics_interval: float = 10.0, if_unreachable: Literal["fail", "local"] = "fail",
+                 flush_timeout: float = 60.0):
         if system_metrics_interval <= 0:
             raise UserInputError(f"system_metrics_interval must be a positive number of seconds, got "
                                  f"{system_metrics_interval}; or set system_metrics: false")
         tracking_uri = resolve_tracking_uri(tracking_uri)
+        # Asked before anything is built: a server that is down would otherwise cost minutes of retries.
+        self.fallback_from: str | None = None  # the server this run should have gone to (if_unreachable=local)
+        reason = unreachable_reason(tracking_uri)
+        if reason is not None:
+            local = absolute_sqlite(DEFAULT_TRACKING_URI)
+            if if_unreachable != "local":
+                raise UserInputError(unreachable_message(tracking_uri, reason, DEFAULT_TRACKING_URI))
+            warn(f"the MLflow tracking server {tracking_uri} is not reachable ({reason}); logging to the local "
+                 f"store {local} instead (if_unreachable=local)")
+            self.fallback_from, tracking_uri = tracking_uri, local
+        if is_remote(tracking_uri):
+            fail_fast()  # during training, a request to a server that went away fails in seconds
         # Every process builds a client, which creates the tables of a new sqlite database; processes
         # started together (torchrun, SLURM) would race in MLflow's migrations and one would crash.
         with sqlite_creation_lock(tracking_uri):
@@ -111,6 +144,9 @@ class MLflowLogger(MLFlowLogger):
         # Where a run id came from when it was not passed by the user: (checkpoint path, its tracking URI).
         self._run_origin: tuple[str, str | None] | None = None
         self.continued = False  # the run existed before this training (resume or explicit run_id)
+        self.flush_timeout = flush_timeout
+        self._outbox: MetricOutbox | None = None
+        self._final_status: str | None = None  # KILLED when a signal stopped training (lit/preemption.py)
 
     @property
     def save_dir(self) -> str:
@@ -123,9 +159,79 @@ class MLflowLogger(MLFlowLogger):
     @property
     @rank_zero_experiment
     def experiment(self) -> MlflowClient:
-        if not self._initialized and self._run_id is not None:
+        created = not self._initialized
+        if created and self._run_id is not None:
             self._reopen_run()
-        return super().experiment
+        client = super().experiment
+        if created and self.fallback_from is not None:
+            client.set_tag(self._run_id, "arch_lab.meant_for", self.fallback_from)
+            warn(f"MLflow run {self._run_id} is in the local store {self._tracking_uri}; when "
+                 f"{self.fallback_from} is back, copy it there with: python -m lit.tracking_sync run "
+                 f"{self._run_id} --from {self._tracking_uri} --to {self.fallback_from}")
+        return client
+
+    def _unsent_file(self) -> Path:
+        return Path(self._local_dir) / str(self.experiment_id) / str(self.run_id) / UNSENT_METRICS
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if self._log_batch_kwargs.get("synchronous") is not False:
+            return super().log_metrics(metrics, step)
+        from mlflow.entities import Metric
+
+        now, batch = int(time.time() * 1000), []
+        for key, value in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items():
+            if isinstance(value, str):
+                log.warning(f"Discarding metric with string value {key}={value}.")
+                continue
+            # MLflow's allowed characters, as Lightning's logger does.
+            batch.append(Metric(re.sub("[^a-zA-Z0-9_/. -]+", "", key), float(value), now, step or 0))
+        if self._outbox is None:
+            self._outbox = MetricOutbox(self.experiment, self.run_id, self._unsent_file())
+        self._outbox.put(batch)
+
+    @rank_zero_only
+    def mark_interrupted(self, signal_name: str, step: int, checkpoint: str) -> None:
+        """Training was stopped by ``signal_name`` after saving ``checkpoint``: the run ends KILLED, tagged."""
+        self._final_status = "KILLED"
+        if not self._initialized:
+            return
+        from mlflow.entities import RunTag
+
+        tags = {"arch_lab.stopped_by": signal_name, "arch_lab.stopped_at_step": str(step),
+                "arch_lab.resume_from": checkpoint}
+        try:
+            self.experiment.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        except Exception as exc:  # the server is away: the checkpoint and the exit line say it all the same
+            warn(f"could not tag MLflow run {self.run_id} as interrupted ({short_error(exc)})")
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        """Send what is pending, log checkpoints, mark the run terminated; a store that stays away costs
+        nothing: what it did not take is kept in a file, with one line saying how to send it."""
+        if not self._initialized:
+            return
+        status = self._final_status or FINAL_STATUS.get(status, status)
+        outbox, self._outbox = self._outbox, None
+        left = outbox.close(self.flush_timeout, status) if outbox is not None else 0
+        if self._checkpoint_callback:
+            self._scan_and_log_checkpoints(self._checkpoint_callback)
+            unlogged = checkpoints_to_log(self._checkpoint_callback, self._logged_model_time)
+            if unlogged:
+                warn(f"{len(unlogged)} checkpoints could not be logged to MLflow run {self.run_id}; they are kept "
+                     f"in {Path(unlogged[0][1]).parent}")
+        if left == 0:
+            try:
+                self.experiment.set_terminated(self.run_id, status)
+                return
+            except Exception as exc:
+                if outbox is None:
+                    raise
+                log.debug(f"set_terminated failed: {exc}")
+                outbox._write_journal(status)
+        warn(f"the tracking store {self._tracking_uri} did not come back within {self.flush_timeout:g} s: {left} "
+             f"metric values of MLflow run {self.run_id} and its final status ({status}) are kept in "
+             f"{outbox.journal}; send them when it is back: python -m lit.tracking_sync send {outbox.journal}")
 
     def _reopen_run(self) -> None:
         from mlflow.exceptions import MlflowException
@@ -189,6 +295,15 @@ class MLflowLogger(MLFlowLogger):
 
     @rank_zero_only
     def _scan_and_log_checkpoints(self, checkpoint_callback: ModelCheckpoint) -> None:
+        # A store that cannot take them now must not stop training: they stay on disk, unmarked, and
+        # are tried again at the next checkpoint and at the end (finalize reports what is left).
+        try:
+            self._log_checkpoints(checkpoint_callback)
+        except Exception as exc:
+            warn(f"checkpoints could not be logged to MLflow now ({short_error(exc)}); they are kept on disk and "
+                 f"tried again at the next checkpoint and at the end")
+
+    def _log_checkpoints(self, checkpoint_callback: ModelCheckpoint) -> None:
         # Lightning's version keeps only files (Path.is_file), so sharded checkpoints (directories)
         # were silently never logged. Same artifact layout: <stem>/<name>, metadata.yaml, aliases.txt.
         for mtime, path, score in checkpoints_to_log(checkpoint_callback, self._logged_model_time):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import lightning as L
 import torch
@@ -25,6 +26,28 @@ class SigkillAtStep(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalAtStep(L.Callback):
+    """Sends ``signal`` (SIGTERM, SIGUSR1 or SIGINT, as from a scheduler or Ctrl-C) to this process when training
+    reaches ``step``: it arrives in the middle of that step, as a real one does."""
+
+    def __init__(self, step: int, signal: str = "SIGTERM"):
+        self.step, self.signal = step, signal
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class SlowSteps(L.Callback):
+    """Makes every training step last at least ``seconds`` (a clock-based checkpoint then falls between steps)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        time.sleep(self.seconds)
 
 
 class PoisonWeightsAtStep(L.Callback):
@@ -57,3 +80,29 @@ class LossSpikeAtStep(L.Callback):
             return original(pl_module, *args, **kwargs) * self.factor
 
         pl_module.training_step = scaled
+
+
+# The test's MLflow server (tests/mlflow_server.py) by name, and what ServerOutage saw: a callback named on the
+# command line is built by the CLI, so the server reaches it through this module.
+SERVERS: dict = {}
+OBSERVED: dict = {}
+
+
+class ServerOutage(L.Callback):
+    """Stops the MLflow server ``SERVERS[name]`` when training reaches ``stop_at`` and starts it again at ``start_at``
+    without waiting for it to be up. Before starting it, waits (at most ``patience`` seconds) until the logger has
+    kept the unsent metrics on disk, and records whether it had (``OBSERVED["journal_during_outage"]``)."""
+
+    def __init__(self, stop_at: int, start_at: int, patience: float = 60.0, name: str = "mlflow"):
+        self.stop_at, self.start_at, self.patience, self.name = stop_at, start_at, patience, name
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        step, server = trainer.global_step, SERVERS[self.name]
+        if step == self.stop_at:
+            server.stop()
+        if step == self.start_at:
+            journal, deadline = trainer.logger._unsent_file(), time.time() + self.patience
+            while not journal.is_file() and time.time() < deadline:
+                time.sleep(0.2)
+            OBSERVED["journal_during_outage"] = journal.is_file()
+            server.start(wait=False)

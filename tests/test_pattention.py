@@ -13,6 +13,7 @@ from arch_plugins.constraints import renormalize_, unit_norm_parameters
 from arch_plugins.interfaces import Role, Site, StackInfo
 from arch_plugins.kernels import dispatch
 from arch_plugins.projections.pattention import Pattention
+from arch_plugins.registry import PluginError
 from lit.models.transformer import TransformerConfig, TransformerStack
 
 STACK = StackInfo(d_model=8, num_layers=4, num_heads=2, mlp_hidden=32, causal=True)
@@ -78,7 +79,7 @@ def test_bad_options_are_one_clear_error():
     with pytest.raises(registry.PluginError, match="activation"):
         registry.create("projection", "pattention", {"activation": "relu"})
     proj = registry.create("projection", "pattention", {})
-    with pytest.raises(ValueError, match="arch.bias=false"):
+    with pytest.raises(PluginError, match="arch.bias=false"):
         proj.linear(8, 8, Role.Q, 0, STACK, bias=True, init_std=0.02)
     with pytest.raises(registry.PluginError, match="kernel must be one of auto, triton, torch"):
         registry.create("projection", "pattention", {"kernel": "cuda"})

@@ -1,11 +1,14 @@
-"""Never lose a run: exact resume after a real SIGKILL, a clear stop on a non-finite loss, safe checkpoint loading."""
+"""Never lose a run: exact resume after a real SIGKILL, SIGTERM, Ctrl-C or a kill between validations, a clear stop
+on a non-finite loss, safe checkpoint loading."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import mlflow
 import pytest
 import torch
 
@@ -78,7 +81,8 @@ def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def newest_last_checkpoint(folder: Path) -> Path:
-    return max(folder.glob("runs/*/*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+    # last-v1.ckpt when a run resumes with other checkpoint settings (ModelCheckpoint keys its state by them).
+    return max(folder.glob("runs/*/*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
 
 
 def final_state(folder: Path) -> dict:
@@ -98,6 +102,19 @@ def uninterrupted(tmp_path_factory) -> dict:
     return final_state(folder)
 
 
+def assert_resumes_exactly(corpus: Path, last: Path, folder: Path, uninterrupted: dict) -> None:
+    resumed = run(fit_command(corpus, f"--ckpt_path={last}"), folder)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "not resumable" not in resumed.stderr  # Lightning's warning is false here: the sampler resumes exactly
+    final = final_state(folder)
+    assert final["global_step"] == uninterrupted["global_step"] == STEPS
+    for name, expected in uninterrupted["state_dict"].items():
+        assert torch.equal(final["state_dict"][name], expected), name
+    expected_moments = uninterrupted["optimizer_states"][0]["state"]
+    for i, state in final["optimizer_states"][0]["state"].items():
+        assert torch.equal(state["exp_avg_sq"], expected_moments[i]["exp_avg_sq"])
+
+
 # Step 5 ends the first epoch (5 batches); step 7 is in the middle of the second.
 @pytest.mark.parametrize("kill_at", [5, 7])
 def test_a_run_killed_by_sigkill_resumes_to_the_same_weights(kill_at, uninterrupted, tmp_path):
@@ -107,16 +124,48 @@ def test_a_run_killed_by_sigkill_resumes_to_the_same_weights(kill_at, uninterrup
     assert killed.returncode == -9, killed.stderr[-3000:]  # really killed, no cleanup ran
     last = newest_last_checkpoint(tmp_path)
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == kill_at
+    assert_resumes_exactly(corpus, last, tmp_path, uninterrupted)
 
-    resumed = run(fit_command(corpus, f"--ckpt_path={last}"), tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    final = final_state(tmp_path)
-    assert final["global_step"] == uninterrupted["global_step"] == STEPS
-    for name, expected in uninterrupted["state_dict"].items():
-        assert torch.equal(final["state_dict"][name], expected), name
-    expected_moments = uninterrupted["optimizer_states"][0]["state"]
-    for i, state in final["optimizer_states"][0]["state"].items():
-        assert torch.equal(state["exp_avg_sq"], expected_moments[i]["exp_avg_sq"])
+
+# Only the signal saves here: no step checkpoints, no validation, no clock.
+SIGNAL_ONLY = ["--checkpoint.every_n_train_steps=0", "--preemption.interval_minutes=0"]
+
+
+@pytest.mark.parametrize("signal_name, exit_code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_saves_marks_the_run_and_resumes_exactly(signal_name, exit_code, uninterrupted, tmp_path):
+    corpus = small_corpus(tmp_path)
+    sender = f"--trainer.callbacks=[{fault('SignalAtStep', 6, signal=signal_name)}]"
+    stopped = run(fit_command(corpus, sender, *SIGNAL_ONLY), tmp_path)
+    assert stopped.returncode == exit_code, stopped.stderr[-3000:]
+    last = newest_last_checkpoint(tmp_path)
+    # The signal came during step 6 (the 7th batch): that step is finished and saved.
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 7
+    lines = [line for line in stopped.stderr.splitlines() if line.startswith("stopped:")]
+    assert lines == [f"stopped: stopped by {signal_name} at step 7; checkpoint {last.relative_to(tmp_path)}; resume "
+                     f"with the same command and --ckpt_path={last.relative_to(tmp_path)}"], stopped.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (run_info,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run_info.info.status == "KILLED" and run_info.data.tags["arch_lab.stopped_by"] == signal_name
+    assert run_info.data.tags["arch_lab.stopped_at_step"] == "7"
+
+    assert_resumes_exactly(corpus, last, tmp_path, uninterrupted)
+    assert client.get_run(run_info.info.run_id).info.status == "FINISHED"  # the same run, continued
+
+
+def test_a_kill_between_validations_loses_at_most_the_checkpoint_interval(uninterrupted, tmp_path):
+    # Validation never comes (as between two validations of a long run); steps take >= 0.3 s and the clock
+    # refreshes last.ckpt every 0.9 s of training, so a SIGKILL at step 10 loses a few steps, not ten.
+    corpus = small_corpus(tmp_path)
+    interval_s, step_s = 0.9, 0.3
+    slow = f"{{class_path: tests.fault_injection.SlowSteps, init_args: {{seconds: {step_s}}}}}"
+    callbacks = f"--trainer.callbacks=[{slow}, {fault('SigkillAtStep', 10)}]"
+    killed = run(fit_command(corpus, callbacks, "--checkpoint.every_n_train_steps=0",
+                             f"--preemption.interval_minutes={interval_s / 60}"), tmp_path)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    last = newest_last_checkpoint(tmp_path)
+    saved_at = torch.load(last, map_location="cpu", weights_only=True)["global_step"]
+    assert 10 - saved_at <= math.ceil(interval_s / step_s) + 1, saved_at
+    assert_resumes_exactly(corpus, last, tmp_path, uninterrupted)
 
 
 # --- non-finite loss ---------------------------------------------------------------------------------------------

@@ -7,12 +7,9 @@ The 2-process (FSDP2) runs against a server are in test_tracking_distributed.py.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import lightning as L
@@ -25,7 +22,8 @@ from lit.callbacks.mlflow_run import checkpoint_run
 from lit.cli import main
 from lit.errors import UserInputError
 from lit.tracking import MLflowLogger
-from tests.conftest import REPO, TINY_LM, free_port
+from tests.conftest import REPO, TINY_LM
+from tests.mlflow_server import MlflowServer
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
 SHORT = ["--trainer.max_steps=3", "--trainer.val_check_interval=3", "--trainer.limit_val_batches=1",
@@ -84,26 +82,9 @@ def test_tracking_uri_from_the_environment(workdir, monkeypatch):
 
 @pytest.fixture
 def mlflow_server(tmp_path):
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path}/server.db", "--artifacts-destination",
-         str(tmp_path / "artifacts"), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=2)
-            break
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                server.kill()
-                pytest.fail(f"mlflow server did not start: {server.stderr.read().decode()[-2000:]}")
-            time.sleep(0.5)
-    yield url
-    server.terminate()
-    server.wait(timeout=30)
+    server = MlflowServer(tmp_path).start()
+    yield server.url
+    server.stop()
 
 
 def test_fit_logs_to_a_real_mlflow_server(workdir, mlflow_server):

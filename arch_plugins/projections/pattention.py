@@ -21,6 +21,7 @@ from torch import nn
 from arch_plugins.constraints import declare_unit_norm
 from arch_plugins.interfaces import ProjectionType, Role, StackInfo
 from arch_plugins.kernels.dispatch import PATTENTION_THETA, check_kernel, use_triton
+from arch_plugins.registry import PluginError
 
 Activation = Literal["l2_norm_gelu", "gelu_l2_norm", "softmax"]
 
@@ -156,6 +157,9 @@ class PattentionProjection(ProjectionType):
                  value_std: float | None = None, kernel: str = "auto"):
         theta(torch.zeros(1, 1), activation, 1.0, eps)
         self.kernel = check_theta_kernel(kernel, activation)
+        for name, n in (("tokens_qkv", tokens_qkv), ("tokens_out", tokens_out), ("tokens_ffn", tokens_ffn)):
+            if n is not None and (not isinstance(n, int) or n < 1):
+                raise ValueError(f"{name} is a number of parameter tokens: give a positive integer, got {n!r}")
         self.tokens_qkv, self.tokens_out, self.tokens_ffn = tokens_qkv, tokens_out, tokens_ffn
         self.activation, self.eps, self.key_std, self.value_std = activation, eps, key_std, value_std
 
@@ -169,7 +173,8 @@ class PattentionProjection(ProjectionType):
 
     def _make(self, d_in: int, d_out: int, n: int, stack: StackInfo, bias: bool) -> Pattention:
         if bias:
-            raise ValueError("pattention has no bias (parameter tokens replace the whole matrix); set arch.bias=false")
+            raise PluginError("projection pattention has no bias (parameter tokens replace the whole matrix); "
+                              "set arch.bias=false")
         value_std = self.value_std if self.value_std is not None else 2 / (stack.num_layers * math.sqrt(stack.d_model))
         return Pattention(d_in, d_out, n, activation=self.activation, eps=self.eps, key_std=self.key_std,
                           value_std=value_std, kernel=self.kernel)

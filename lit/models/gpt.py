@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from arch_plugins.interfaces import Role, Site
+from lit.errors import ArchitectureError
 from lit.models.transformer import TransformerConfig, TransformerStack
 
 
@@ -35,7 +36,8 @@ class GPT(nn.Module):
         """idx: (B, T) token ids -> logits (B, T, vocab)."""
         T = idx.shape[1]
         if T > self.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.block_size}")
+            raise ArchitectureError(f"sequence length {T} exceeds block_size {self.block_size}, the length the model's "
+                                    f"RoPE and position tables were built for; use the data's block_size for the model")
         x = self.tok(idx)
         if self.pos is not None:
             x = x + self.pos.weight[:T]

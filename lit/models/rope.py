@@ -14,15 +14,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lit.errors import ArchitectureError
+
 
 def rotary_dims(head_dim: int, pct: float) -> int:
     """How many leading dims of a head RoPE rotates: int(pct * head_dim), which must be even and positive."""
     if not 0 < pct <= 1:
-        raise ValueError(f"rope_pct is the fraction of each head that RoPE rotates, in (0, 1], got {pct}")
+        raise ArchitectureError(f"rope_pct is the fraction of each head that RoPE rotates, in (0, 1], got {pct}")
     dims = int(head_dim * pct)
     if dims < 2 or dims % 2:
-        raise ValueError(f"rope_pct={pct} rotates {dims} of the {head_dim} dims of each head; RoPE needs an even "
-                         f"number of at least 2: choose rope_pct so that rope_pct * head_dim is even")
+        raise ArchitectureError(f"rope_pct={pct} rotates {dims} of the {head_dim} dims of each head; RoPE needs an "
+                                f"even number of at least 2: choose rope_pct so that rope_pct * head_dim is even")
     return dims
 
 
@@ -30,7 +32,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, pct: float = 1.0):
         super().__init__()
         if head_dim % 2:
-            raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
+            raise ArchitectureError(f"RoPE needs an even head width (d_model / n_heads), got {head_dim}; change "
+                                    f"d_model or n_heads, or set arch.positions to learned or none")
         self.head_dim, self.dims = head_dim, rotary_dims(head_dim, pct)
         inv_freq = base ** (-torch.arange(0, self.dims, 2, dtype=torch.float64) / self.dims)
         angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)  # (T, d/2)

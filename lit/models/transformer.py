@@ -22,12 +22,22 @@ from arch_plugins import registry
 from arch_plugins.constraints import declare_unit_norm
 from arch_plugins.interfaces import Concat, ResidualHistory, Role, Site, StackInfo
 from arch_plugins.stabilisers import with_stabilisers
+from lit.errors import ArchitectureError
 from lit.models.rope import RotaryEmbedding
 
 
 @dataclass
 class TransformerConfig:
-    """Architecture of the stack. Components are names resolved through the plugin registry."""
+    """Architecture of the stack. Components are names resolved through the plugin registry.
+
+    Args:
+        norm: norm strategy, one of the installed {norm}; `python cli.py plugins NAME` shows its options.
+        norm_options: options of the norm strategy, e.g. {{eps: 1e-6}}.
+        residual: residual type, one of the installed {residual}.
+        residual_options: options of the residual type.
+        projection: projection type, one of the installed {projection}.
+        projection_options: options of the projection type.
+    """
 
     d_model: int = 256
     n_layers: int = 6
@@ -67,6 +77,17 @@ class TransformerConfig:
         if self.mlp in ("gelu", "relu2"):
             return 4 * self.d_model
         return 64 * math.ceil(4 * self.d_model * 2 / 3 / 64)
+
+
+
+# `--help` lists the names installed now (package metadata only, nothing imported); the registry still
+# decides at build time, so a plugin registered in-process later is accepted too.
+TransformerConfig.__doc__ = TransformerConfig.__doc__.format(
+    **{kind: f"{kind}s ({', '.join(registry.names(kind))})" for kind in registry.kinds()})
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
 
 
 def _site(norm, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.Module:
@@ -225,7 +246,11 @@ class TransformerStack(nn.Module):
     def __init__(self, cfg: TransformerConfig, *, causal: bool, max_len: int):
         super().__init__()
         if cfg.d_model % cfg.n_heads:
-            raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
+            raise ArchitectureError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}: attention "
+                                    f"splits the width into equal heads; choose n_heads among "
+                                    f"{', '.join(str(h) for h in divisors(cfg.d_model) if h <= 64)} or change d_model")
+        if cfg.n_layers < 1 or cfg.d_model < 1:
+            raise ArchitectureError(f"n_layers={cfg.n_layers} and d_model={cfg.d_model} must be positive")
         self.cfg = cfg
         self.info = StackInfo(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.resolved_mlp_hidden(), causal)
         self.plugins = Plugins(cfg)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from arch_plugins.interfaces import Role, Site
+from lit.errors import ArchitectureError
 from lit.models.transformer import TransformerConfig, TransformerStack
 
 # The standard sizes (Dosovitskiy et al.; DeiT): (d_model, n_layers, n_heads); the MLP is 4 d_model.
@@ -33,7 +34,7 @@ def with_variant(arch: TransformerConfig, variant: str | None) -> TransformerCon
     if variant is None:
         return arch
     if variant not in VIT_VARIANTS:
-        raise ValueError(f"unknown ViT variant {variant!r}; choose one of {', '.join(VIT_VARIANTS)}")
+        raise ArchitectureError(f"unknown ViT variant {variant!r}; choose one of {', '.join(VIT_VARIANTS)}")
     d, layers, heads = VIT_VARIANTS[variant]
     return dataclasses.replace(arch, d_model=d, n_layers=layers, n_heads=heads, mlp_hidden=None)
 
@@ -41,7 +42,8 @@ def with_variant(arch: TransformerConfig, variant: str | None) -> TransformerCon
 def sincos_2d(grid: int, dim: int) -> torch.Tensor:
     """Fixed 2-D sine-cosine positions (MAE): a quarter of the channels each for sin/cos of row and column."""
     if dim % 4:
-        raise ValueError(f"sin-cos positions need d_model divisible by 4, got {dim}")
+        raise ArchitectureError(f"sin-cos positions need d_model divisible by 4, got {dim}; change d_model or use "
+                                f"pos_embed learned")
     omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))
     rows, cols = torch.meshgrid(torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64),
                                 indexing="ij")
@@ -54,9 +56,10 @@ class ViT(nn.Module):
                  pooling: Literal["cls", "mean"] = "cls", pos_embed: Literal["learned", "sincos", "none"] = "learned"):
         super().__init__()
         if image_size % patch_size:
-            raise ValueError(f"image_size={image_size} is not a multiple of patch_size={patch_size}")
+            raise ArchitectureError(f"image_size={image_size} is not a multiple of patch_size={patch_size}; choose a "
+                                    f"patch_size that divides it")
         if arch.positions == "learned":
-            raise ValueError("a ViT's positions are set by pos_embed; set arch.positions to none (or rope)")
+            raise ArchitectureError("a ViT's positions are set by pos_embed; set arch.positions to none (or rope)")
         d, grid = arch.d_model, image_size // patch_size
         self.pooling = pooling
         self.patch = nn.Conv2d(in_chans, d, patch_size, stride=patch_size)

@@ -1,0 +1,55 @@
+"""`python cli.py plugins [NAME]`: what is installed, and one plugin's kind, origin, docstring and options.
+
+A room of its own so that the front door answers at once: listing imports neither Lightning, MLflow nor
+torch (``arch_plugins.catalogue`` reads package metadata and source files). ``plugins NAME`` imports
+that one plugin, and so torch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from arch_plugins import catalogue
+from arch_plugins.registry import PluginError
+from lit.errors import OneLineArgumentParser, UserInputError
+
+
+def main(argv: list[str]) -> int:
+    parser = OneLineArgumentParser(prog="cli.py plugins", description="List the installed plugins, or show one.")
+    parser.add_argument("name", nargs="?", help="a plugin's name: show its kind, package, docstring and options")
+    try:
+        args = parser.parse_args(argv)
+        print(show(args.name) if args.name else listing())
+    except (PluginError, UserInputError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    return 0
+
+
+def listing() -> str:
+    rows = catalogue.rows()
+    header = dict(kind="KIND", name="NAME", package="PACKAGE", version="VERSION", description="DESCRIPTION")
+    widths = {k: max(len(str(r[k])) for r in [header, *rows]) for k in ("kind", "name", "package", "version")}
+    lines = ["  ".join(str(r[k]).ljust(widths[k]) for k in widths) + "  " + r["description"] for r in [header, *rows]]
+    lines.append("\n`python cli.py plugins NAME` shows one plugin's docstring and options; select it in a recipe "
+                 "with arch.<kind>: NAME and arch.<kind>_options: {option: value}.")
+    return "\n".join(lines)
+
+
+def show(name: str) -> str:
+    return "\n\n".join(_describe(catalogue.details(spec.kind, spec.name)) for spec in catalogue.find(name))
+
+
+def _describe(d: catalogue.Details) -> str:
+    s = d.spec
+    lines = [f"{s.name}  ({s.kind}, {s.origin}, {s.target})", "", d.doc or "(no docstring)", ""]
+    if d.options is None:
+        lines.append("options: any keyword (it takes **kwargs)")
+    elif not d.options:
+        lines.append("options: none")
+    else:
+        lines.append(f"options (arch.{s.kind}_options):")
+        width = max(len(o.name) for o in d.options)
+        type_width = max(len(o.type) for o in d.options)
+        lines += [f"  {o.name.ljust(width)}  {o.type.ljust(type_width)}  default: {o.default}" for o in d.options]
+    return "\n".join(lines)
