@@ -126,6 +126,7 @@ def test_load_grown_is_plain_loading_for_models_without_tokens():
         load_grown(Pattention(3, 3, 4), {"value_param_tokens": torch.zeros(2, 3)})
 
 
+@pytest.mark.slow  # two CLI fits (~40 s); the growth itself is tested in-process above, LM and ViT
 def test_grow_from_the_command_line(workdir):
     small = ["--config", str(REPO / "recipes/gpt_tokenformer.yaml"), *TINY_LM, "--trainer.max_steps=2",
              "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1"]

@@ -47,7 +47,9 @@ def test_every_overlay_is_tested():
     assert {p.stem for p in OVERLAYS.glob("*.yaml")} == tested
 
 
-@pytest.mark.parametrize("name", MODELS)
+# LAUREL also trains under compile, DDP and FSDP2 below; its bf16/checkpointing runs are long, so `slow`.
+@pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m == "gpt_laurel_rw_lr_pa" else m
+                                  for m in MODELS])
 @pytest.mark.parametrize("overlays", [["bf16"], ["activation_checkpointing"]])
 def test_single_process_overlays(name, overlays, workdir):
     main(["fit", *recipe(name), *(a for o in overlays for a in overlay(o)), *SHORT, "--trainer.devices=1"])
