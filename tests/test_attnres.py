@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from arch_plugins import registry
 from arch_plugins.constraints import unit_norm_parameters
 from arch_plugins.residuals.attnres import DepthAttention
-from lit.models import GPT, TransformerConfig
+from lit.models import TransformerConfig
 from lit.models.transformer import TransformerStack
-from lit.models.vit import ViT
+from tests.conftest import backprop_gpt_and_vit
 
 D, LAYERS, T = 16, 3, 8
 
@@ -146,17 +146,7 @@ def test_moving_the_queries_moves_off_the_average():
 
 @pytest.mark.parametrize("name", ["attnres", "attnres_block"])
 def test_gpt_and_vit_train_with_attention_residuals(name):
-    torch.manual_seed(0)
-    arch = TransformerConfig(d_model=D, n_layers=2, n_heads=2, residual=name)
-    gpt = GPT(vocab_size=11, block_size=T, arch=arch)
-    idx = torch.randint(0, 11, (2, T))
-    F.cross_entropy(gpt(idx).flatten(0, 1), idx.flatten()).backward()
-    vit_arch = TransformerConfig(d_model=D, n_layers=2, n_heads=2, mlp="gelu", positions="none", residual=name)
-    vit = ViT(num_classes=3, image_size=8, patch_size=4, in_chans=1, arch=vit_arch)
-    logits = vit(torch.randn(2, 1, 8, 8))
-    assert logits.shape == (2, 3)
-    logits.sum().backward()
-    for model in (gpt, vit):
+    for model in backprop_gpt_and_vit(name, D, T):
         assert all(p.grad is not None for n, p in model.named_parameters() if n.endswith("query"))
 
 

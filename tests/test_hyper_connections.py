@@ -12,9 +12,9 @@ from arch_plugins import registry
 from arch_plugins.interfaces import ResidualHistory, StackInfo
 from arch_plugins.residuals.hyper_connections import HyperConnection
 from arch_plugins.weight_decay import decays
-from lit.models import GPT, TransformerConfig
+from lit.models import TransformerConfig
 from lit.models.transformer import TransformerStack
-from lit.models.vit import ViT
+from tests.conftest import backprop_gpt_and_vit
 
 D, LAYERS, T = 16, 3, 8
 INFO = StackInfo(D, LAYERS, 2, 4 * D, causal=True)
@@ -135,16 +135,7 @@ def test_the_static_mixing_matrix_does_not_decay():
 
 @pytest.mark.parametrize("name", ["hyperconn", "hyperconn_static"])
 def test_gpt_and_vit_train_with_hyper_connections(name):
-    torch.manual_seed(0)
-    gpt = GPT(vocab_size=11, block_size=T, arch=TransformerConfig(d_model=D, n_layers=2, n_heads=2, residual=name))
-    idx = torch.randint(0, 11, (2, T))
-    F.cross_entropy(gpt(idx).flatten(0, 1), idx.flatten()).backward()
-    vit_arch = TransformerConfig(d_model=D, n_layers=2, n_heads=2, mlp="gelu", positions="none", residual=name)
-    vit = ViT(num_classes=3, image_size=8, patch_size=4, in_chans=1, arch=vit_arch)
-    logits = vit(torch.randn(2, 1, 8, 8))
-    assert logits.shape == (2, 3)
-    logits.sum().backward()
-    for model in (gpt, vit):
+    for model in backprop_gpt_and_vit(name, D, T):
         assert all(p.grad is not None for n, p in model.named_parameters() if "static_alpha" in n)
 
 

@@ -33,14 +33,10 @@ def refresh_interval(total_steps: int | None) -> int:
     return max(1, min(1000, total // 50))
 
 
-class BHyTExact(nn.Module):
-    """``gamma * tanh(lambda * x * rsqrt(mean(x^2) + eps) / kappa)``: BHyT with the exact statistic (BHyT*).
+class BoundedTanh(nn.Module):
+    """What both BHyT layers share in ``gamma * tanh(lambda * x * rstd)``: lambda (learned or fixed), gamma, 1/kappa."""
 
-    At the attention input it keeps the mean square it computed (``last_mean_square``) for the MLP input
-    of the same block, which approximates its own variance from it instead of reducing again.
-    """
-
-    def __init__(self, dim: int, lam: float, kappa: float, learnable_lam: bool = True):
+    def __init__(self, dim: int, lam: float, kappa: float, learnable_lam: bool):
         super().__init__()
         self.inv_kappa = 1.0 / kappa
         lam_t = torch.full((1,), float(lam))
@@ -49,8 +45,19 @@ class BHyTExact(nn.Module):
         else:
             self.register_buffer("lam", lam_t)
         self.weight = nn.Parameter(torch.ones(dim))
-        self.last_mean_square: torch.Tensor | None = None
         declare_diagnostic(self, "lam")
+
+
+class BHyTExact(BoundedTanh):
+    """``gamma * tanh(lambda * x * rsqrt(mean(x^2) + eps) / kappa)``: BHyT with the exact statistic (BHyT*).
+
+    At the attention input it keeps the mean square it computed (``last_mean_square``) for the MLP input
+    of the same block, which approximates its own variance from it instead of reducing again.
+    """
+
+    def __init__(self, dim: int, lam: float, kappa: float, learnable_lam: bool = True):
+        super().__init__(dim, lam, kappa, learnable_lam)
+        self.last_mean_square: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mean_square = x.float().square().mean(dim=-1, keepdim=True)
@@ -62,7 +69,7 @@ class BHyTExact(nn.Module):
         return f"{self.weight.shape[0]}, kappa={1 / self.inv_kappa:g}"
 
 
-class BHyTApproximate(nn.Module):
+class BHyTApproximate(BoundedTanh):
     """BHyT at the MLP input with the reference's variance approximation (no reduction over its input).
 
     ``c_attn`` is a persistent buffer: a resumed run continues with the value the interrupted run last
@@ -72,14 +79,7 @@ class BHyTApproximate(nn.Module):
 
     def __init__(self, dim: int, lam: float, kappa: float, attn_input: BHyTExact, learnable_lam: bool = True,
                  every: int | None = None):
-        super().__init__()
-        self.inv_kappa = 1.0 / kappa
-        lam_t = torch.full((1,), float(lam))
-        if learnable_lam:
-            self.lam = nn.Parameter(lam_t)
-        else:
-            self.register_buffer("lam", lam_t)
-        self.weight = nn.Parameter(torch.ones(dim))
+        super().__init__(dim, lam, kappa, learnable_lam)
         self.register_buffer("c_attn", torch.zeros(()))
         self.every = every
         # Plain references (not submodules): the attention input's site and the block's W_V / W_O owners
@@ -89,7 +89,6 @@ class BHyTApproximate(nn.Module):
         object.__setattr__(self, "output_rows", None)
         self.stale = True  # recompute c_attn at the next forward pass (the reference: at the first one)
         self.refreshes = 0  # how many times c_attn was recomputed (tests read it)
-        declare_diagnostic(self, "lam")
         declare_diagnostic(self, "c_attn")
         declare_progress_hook(self, BHyTApproximate.on_progress)
 
