@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
+import matplotlib.colors
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -114,8 +116,12 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
 
 
 def variant_colors(analysis: Analysis) -> dict[str, str]:
-    """One color per variant, the same in every figure (matplotlib's cycle, in the report's variant order)."""
-    return {v.label: f"C{i % 10}" for i, v in enumerate(analysis.variants)}
+    """One color per variant, the same in every figure, in the report's variant order: matplotlib's cycle up to
+    10 variants, then the 20 colors of tab20 (no two variants share one up to 20)."""
+    if len(analysis.variants) <= 10:
+        return {v.label: f"C{i}" for i, v in enumerate(analysis.variants)}
+    palette = matplotlib.colormaps["tab20"].colors
+    return {v.label: matplotlib.colors.to_hex(palette[i % 20]) for i, v in enumerate(analysis.variants)}
 
 
 def draw_forest(analysis: Analysis, path: Path) -> Path:
