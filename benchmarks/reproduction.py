@@ -1,23 +1,25 @@
 """The reproduction report: does each method's claimed direction hold here, with seeds, tuned learning rates
 and intervals? A preset of ``cli.py sweep`` and ``cli.py compare`` plus one table, one row per claim.
 
-Two sweeps, each method as its own recipe (its authors' init, weight decay, clipping and final norm: see
+Three sweeps, each method as its own recipe (its authors' init, weight decay, clipping and final norm: see
 docs/reproduction.md and ../shared/specs/fidelity-audit.md):
 
 - text: tinyshakespeare (char level), every seed method against the pre-RMSNorm baseline at 8 layers (twice
   the quickstart recipe's depth, so that depth-related claims have room to show), 300 steps x 16 x 64 tokens,
   ``model.lr`` tuned per variant over 2e-3, 6e-3, 2e-2 on the first seed, 3 paired seeds;
+- zoo: this round's components (AttnRes, hyper-connections, BHyT, Pre-CRMSNorm, PRepBN) at the ablation's
+  4-layer size, ``model.lr`` tuned over 1e-3, 3e-3, 1e-2, 3 paired seeds;
 - images: the embedded digits (ViT, 4 layers, 30 epochs), the image claims (DyT vs LayerNorm, nGPT,
   TokenFormer) against the LayerNorm ViT, ``model.lr`` tuned over 1e-3, 3e-3, 1e-2, 5 paired seeds.
 
 Run from the repository root::
 
-    python -m benchmarks.reproduction                  # both sweeps, then the reports (about 75 min on 2 cores)
+    python -m benchmarks.reproduction                  # all three sweeps, then the reports (about 90 min on 2 cores)
     python -m benchmarks.reproduction --only digits    # one of them
     python -m benchmarks.reproduction --report-only    # the reports and the claims table from the stored runs
     mlflow ui --backend-store-uri sqlite:///benchmarks/out/reproduction.db
 
-Writes docs/reproduction/{text,digits}/report.md (``cli.py compare``) and docs/reproduction/claims.md (the
+Writes docs/reproduction/{text,zoo,digits}/report.md (``cli.py compare``) and docs/reproduction/claims.md (the
 table). Each sweep's command is printed first, so the preset also documents the sweeps.
 """
 
@@ -56,6 +58,7 @@ class Suite:
 
 TEXT_RECIPES = ("gpt_dyt", "gpt_perinorm", "gpt_mixnorm", "gpt_lns", "gpt_seednorm", "gpt_postnorm",
                 "gpt_laurel_rw", "gpt_laurel_lr", "gpt_laurel_rw_lr_pa", "gpt_ngpt", "gpt_tokenformer")
+ZOO_RECIPES = ("attnres", "attnres_block", "hyperconn", "bhyt", "precrmsnorm", "prepbn")
 SUITES = {
     "text": Suite(
         name="text",
@@ -67,6 +70,18 @@ SUITES = {
         seeds=3,
         budget=("--model.arch.n_layers=8", "--trainer.max_steps=300", "--data.batch_size=16",
                 "--data.block_size=64", "--trainer.val_check_interval=50", "--trainer.limit_val_batches=16",
+                "--trainer.log_every_n_steps=10", "--trainer.num_sanity_val_steps=0"),
+        metric="val/loss",
+    ),
+    "zoo": Suite(  # this round's components, at the 4-layer size of the ablation (the CPU budget left for them)
+        name="zoo",
+        experiment="reproduction-zoo",
+        recipe="recipes/gpt_baseline.yaml",
+        variants=tuple(f"config=recipes/gpt_{name}.yaml" for name in ZOO_RECIPES),
+        learning_rates="1e-3,3e-3,1e-2",
+        seeds=3,
+        budget=("--trainer.max_steps=300", "--data.batch_size=16", "--data.block_size=64",
+                "--trainer.val_check_interval=50", "--trainer.limit_val_batches=16",
                 "--trainer.log_every_n_steps=10", "--trainer.num_sanity_val_steps=0"),
         metric="val/loss",
     ),
@@ -121,6 +136,17 @@ CLAIMS = (
           "(LLaMA-130M), diverges from 250M", "worse"),
     Claim("text", "TokenFormer", "config=gpt_tokenformer", BASELINE, "matches or beats a Transformer of the same "
           "size (TokenFormer-150M zero-shot average 44.7 vs Pythia-160M 40.1)", "parity"),
+    Claim("zoo", "Attention Residuals (full)", "config=gpt_attnres", BASELINE, "val loss 1.766 (PreNorm) -> 1.737 "
+          "(16-head ablation model)", "better"),
+    Claim("zoo", "Attention Residuals (block)", "config=gpt_attnres_block", BASELINE, "1.766 -> 1.746 (block size 4, "
+          "same ablation)", "better"),
+    Claim("zoo", "Hyper-connections (dynamic, n=4)", "config=gpt_hyperconn", BASELINE, "lower loss than the plain "
+          "residual at OLMo-1B and OLMoE scale", "better"),
+    Claim("zoo", "BHyT", "config=gpt_bhyt", BASELINE, "Llama-1B C4 perplexity 17.75 (RMSNorm) -> 16.47", "better"),
+    Claim("zoo", "Pre-CRMSNorm", "config=gpt_precrmsnorm", BASELINE, "the same function as Pre-LN, 1-10% faster "
+          "(quality: parity with Pre-LN, which ties RMSNorm here)", "parity"),
+    Claim("zoo", "PRepBN (SLAB)", "config=gpt_prepbn", BASELINE, "matches LayerNorm's quality with a BatchNorm that "
+          "folds away at inference (LLaMA-350M, DeiT, Swin)", "parity"),
     Claim("digits", "DyT vs LayerNorm (ViT)", "config=vit_dyt", BASELINE, "ImageNet ViT-B top-1 82.3 -> 82.5",
           "parity"),
     Claim("digits", "nGPT (ViT)", "config=vit_ngpt", BASELINE, "no image result in the paper; its claim is faster "
@@ -169,7 +195,7 @@ def claims_table(analyses: dict[str, Analysis], confidence: float = 0.95) -> str
             verdict += f" (a lead: {'better' if lead else 'worse'} before the Holm correction)"
         ci = f"[{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else "n/a"
         ours = f"{variant.summary.mean:.3f} ± {variant.summary.std or 0:.3f} (n={variant.summary.n})"
-        reference = "pre-RMSNorm baseline" if claim.reference == BASELINE and claim.suite == "text" else (
+        reference = "pre-RMSNorm baseline" if claim.reference == BASELINE and claim.suite != "digits" else (
             "LayerNorm ViT" if claim.reference == BASELINE else claim.reference)
         lines.append(f"| {claim.method} | {claim.paper} | {reference} | {analysis.metric} | {ours} | "
                      f"{paired.summary.mean:+.3f} {ci} | {'n/a' if p is None else f'{p:.3g}'} | {verdict} |")
@@ -185,7 +211,7 @@ def sweep_args(suite: Suite, parallel: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=sorted(SUITES), help="run one sweep (default: both)")
+    parser.add_argument("--only", choices=sorted(SUITES), help="run one sweep (default: all)")
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (default 2: one per core)")
     parser.add_argument("--report-only", action="store_true", help="train nothing; write the reports again")
     args = parser.parse_args()
