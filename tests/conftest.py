@@ -123,3 +123,21 @@ def backprop_gpt_and_vit(residual: str, d_model: int, seq: int) -> tuple:
     assert logits.shape == (2, 3)
     logits.sum().backward()
     return gpt, vit
+
+
+def plain_and_twin(make_stack, causal: bool, **kw) -> tuple:
+    """A plain-residual stack with non-trivial norm gains, and a stack with the residual ``kw`` asks for carrying
+    the same weights: every weight of the plain one has its twin, only the residual's own (``merge``) are new.
+    ``make_stack(causal, seed=0, **arch)`` builds a stack of the calling test file's size."""
+    import torch
+
+    ref = make_stack(causal, **{k: v for k, v in kw.items() if k not in ("residual", "residual_options")})
+    with torch.no_grad():
+        for p in ref.parameters():
+            if p.dim() == 1:
+                p.normal_(1.0, 0.2)
+    other = make_stack(causal, seed=1, **kw)
+    result = other.load_state_dict(ref.state_dict(), strict=False)
+    assert not result.unexpected_keys  # every weight of the reference has its twin
+    assert all("merge" in k for k in result.missing_keys)  # only the residual's own parameters are left out
+    return ref, other

@@ -14,7 +14,7 @@ from arch_plugins.residuals.hyper_connections import HyperConnection
 from arch_plugins.weight_decay import decays
 from lit.models import TransformerConfig
 from lit.models.transformer import TransformerStack
-from tests.conftest import backprop_gpt_and_vit
+from tests.conftest import backprop_gpt_and_vit, plain_and_twin
 
 D, LAYERS, T = 16, 3, 8
 INFO = StackInfo(D, LAYERS, 2, 4 * D, causal=True)
@@ -28,15 +28,7 @@ def stack(causal: bool = True, seed: int = 0, **kw) -> TransformerStack:
 
 def reference_and(causal: bool, **kw) -> tuple[TransformerStack, TransformerStack]:
     """A plain-residual stack with non-trivial norm gains, and a hyper-connected one carrying the same weights."""
-    ref = stack(causal, **{k: v for k, v in kw.items() if k not in ("residual", "residual_options")})
-    with torch.no_grad():
-        for p in ref.parameters():
-            if p.dim() == 1:
-                p.normal_(1.0, 0.2)
-    other = stack(causal, seed=1, **kw)
-    result = other.load_state_dict(ref.state_dict(), strict=False)
-    assert not result.unexpected_keys and all("merge" in k for k in result.missing_keys)
-    return ref, other
+    return plain_and_twin(stack, causal, **kw)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["lm", "encoder"])

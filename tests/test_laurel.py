@@ -12,6 +12,7 @@ from arch_plugins.interfaces import ResidualHistory, StackInfo
 from arch_plugins.residuals.add import Add
 from arch_plugins.residuals.laurel import LaurelMerge
 from lit.models.transformer import TransformerConfig, TransformerStack
+from tests.conftest import plain_and_twin
 
 NAMES = ["laurel_rw", "laurel_lr", "laurel_pa", "laurel_rw_lr", "laurel_rw_lr_pa"]
 D, LAYERS, T = 32, 4, 12
@@ -25,17 +26,8 @@ def stack(causal: bool, seed: int = 0, **kw) -> TransformerStack:
 
 
 def reference_and(causal: bool, **kw) -> tuple[TransformerStack, TransformerStack]:
-    """A plain-residual stack with non-trivial norm gains, and a LAUREL stack carrying the same weights."""
-    ref = stack(causal)
-    with torch.no_grad():
-        for p in ref.parameters():
-            if p.dim() == 1:
-                p.normal_(1.0, 0.2)
-    other = stack(causal, seed=1, **kw)
-    result = other.load_state_dict(ref.state_dict(), strict=False)
-    assert not result.unexpected_keys  # every weight of the reference has its twin
-    assert all("merge" in k for k in result.missing_keys)  # only LAUREL's own parameters are left out
-    return ref, other
+    """A plain-residual stack with non-trivial norm gains, and a LAUREL one carrying the same weights."""
+    return plain_and_twin(stack, causal, **kw)
 
 
 def test_every_variant_is_registered():
