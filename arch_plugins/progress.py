@@ -19,7 +19,7 @@ Pure PyTorch: nothing here knows about Lightning.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from torch import nn
@@ -70,8 +70,13 @@ def has_progress_hooks(model: nn.Module) -> bool:
 
 def advance(model: nn.Module, progress: TrainingProgress) -> int:
     """Call every declared hook with ``progress``; returns how many ran."""
+    return run_hooks(progress_hooks(model), progress)
+
+
+def run_hooks(hooks: Iterable[tuple[str, nn.Module, ProgressHook]], progress: TrainingProgress) -> int:
+    """Call the hooks ``progress_hooks`` found (collected once, e.g. for a whole run); returns how many ran."""
     count = 0
-    for _, module, fn in progress_hooks(model):
+    for _, module, fn in hooks:
         fn(module, progress)
         count += 1
     return count
