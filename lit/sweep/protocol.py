@@ -23,6 +23,22 @@ Child run (one per (variant, seed), plus the tuning runs); ``mlflow.parentRunId`
              ``train/tokens_per_s`` or ``train/images_per_s``, ``model/parameters``, ``train/items_per_step``
 
 A child run is done when its MLflow status is FINISHED; re-running the same sweep skips those.
+
+Protocol fields added with divergence, held-out reporting and families (readers must accept their absence in
+sweeps written before them, and then fall back to the old behaviour, saying so in the report):
+    ``"family"``        the name of the multiple-comparison family this sweep's comparisons belong to (default:
+                        the sweep id; ``--family NAME`` shares one across sweeps)
+    ``"equivalence"``   null | ``{"margin": float, "variants": [label, ...]}``: the variants whose claim is parity,
+                        tested by two one-sided tests within +-margin of the baseline
+    ``"report_metric"`` the metric compare reports (``test/loss`` where the data have a test split), beside
+                        ``"metric"``, the one tuning picks by (always a validation metric)
+    ``"tune"``          gains ``"rule"``: ``"separate_seed"`` (tuning runs on ``"seed"``, outside the evaluation
+                        seeds, never counted) or ``"reuse_seed_run"`` (the old rule, only when asked by name)
+    ``"identity"``      what the sweep id covers: ``{"recipe_sha256", "variant_files": {path: sha256},
+                        "commit", "dirty"}``
+Child tags added: ``OUTCOME`` (``"finished"`` or ``"diverged"``) and, on a diverged run, ``DIVERGED_STEP`` (the
+first step whose loss was non-finite; the metrics up to the last finite step are kept). A diverged run ends with
+MLflow status FAILED and ``OUTCOME = "diverged"``; any other FAILED run is a crash.
 """
 
 from __future__ import annotations
@@ -38,6 +54,8 @@ CHILD_KEY = PREFIX + "child"
 TUNE_KEY = PREFIX + "tune_key"
 TUNE_VALUE = PREFIX + "tune_value"
 FINAL = PREFIX + "final"
+OUTCOME = PREFIX + "outcome"
+DIVERGED_STEP = PREFIX + "diverged_step"
 PARENT_RUN = "mlflow.parentRunId"
 
 PROTOCOL_FILE = "protocol.json"
@@ -51,6 +69,7 @@ THROUGHPUT_METRICS = ("train/tokens_per_s", "train/images_per_s", "train/samples
 PARENT, CHILD = "parent", "child"  # values of ROLE
 TUNE_PHASE, SEED_PHASE = "tune", "seed"  # values of PHASE
 TRUE = "true"  # the value of FINAL
+FINISHED_OUTCOME, DIVERGED_OUTCOME = "finished", "diverged"  # values of OUTCOME
 
 
 def is_true(tag: str | None) -> bool:
