@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lit.cli import main
-from lit.image_classifier import ImageClassifier
 from lit.compute import gpt_flops_per_token, hand_count_gpt, non_embedding_parameters, vit_flops_per_image
+from lit.image_classifier import ImageClassifier
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import ViT
