@@ -29,8 +29,12 @@ LINK = re.compile(r"(!?)\[([^\]]*)\]\((?!https?://|#|mailto:)([^)\s]+)\)")
 def on_files(files: Files, config) -> Files:
     for kind in registry.kinds():
         files.append(File.generated(config, f"plugins/{kind}.md", content=kind_page(kind)))
-    files.append(File.generated(config, "plugins/catalogue.md", content=catalogue_page()))
-    files.append(File.generated(config, "index.md", content=home_page()))
+    # The committed catalogue.md only tells a reader of the repository how to get this page; the site gets the page.
+    for generated, content in (("plugins/catalogue.md", catalogue_page()), ("index.md", home_page())):
+        existing = files.get_file_from_path(generated)
+        if existing is not None:
+            files.remove(existing)
+        files.append(File.generated(config, generated, content=content))
     return files
 
 
