@@ -24,16 +24,24 @@ def _build(config_file, site_dir) -> None:
     build(load_config(config_file=str(config_file), strict=True, site_dir=str(site_dir)))
 
 
-def test_site_builds_strict_with_a_generated_page_per_plugin_kind(tmp_path):
+def test_site_builds_strict_with_generated_plugin_pages(tmp_path, monkeypatch):
+    """One build, strict: a page per registered kind with a section per plugin, the interfaces, the README as
+    home. Kinds are read from the registry, never listed by hand, so a kind added here gets its page and nav entry."""
+    monkeypatch.setattr(registry, "KINDS", (*registry.KINDS, "future_kind"))
+    monkeypatch.setitem(registry._LOCAL, "future_kind", {})
     _build(REPO / "mkdocs.yml", tmp_path / "site")
+    site = tmp_path / "site"
     for kind in registry.kinds():
-        page = (tmp_path / "site" / "plugins" / kind / "index.html").read_text()
+        page = (site / "plugins" / kind / "index.html").read_text()
+        assert f"arch.{kind}_options" in page
         for name in registry.names(kind):
             assert f'id="{name}"' in page, f"{kind} page lacks {name}"
-    catalogue = (tmp_path / "site" / "plugins" / "catalogue" / "index.html").read_text()
+    assert 'href="../future_kind/"' in (site / "plugins" / "norm" / "index.html").read_text()  # in the nav
+    catalogue = (site / "plugins" / "catalogue" / "index.html").read_text()
     assert "rmsnorm" in catalogue and "python cli.py plugins NAME" not in catalogue  # the generated page won
-    home = (tmp_path / "site" / "index.html").read_text()
-    assert "pip install -e" in home  # the README is the home page
+    interfaces = (site / "plugins" / "interfaces" / "index.html").read_text()
+    assert 'id="normstrategy-site"' in interfaces and 'id="projectiontype-linear"' in interfaces
+    assert "pip install -e" in (site / "index.html").read_text()  # the README is the home page
 
 
 def test_a_broken_link_fails_the_build(tmp_path):
@@ -46,3 +54,4 @@ def test_a_broken_link_fails_the_build(tmp_path):
     (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
     with pytest.raises(Abort):
         _build(tmp_path / "mkdocs.yml", tmp_path / "site")
+

@@ -26,9 +26,23 @@ ARXIV = re.compile(r"\b(?:arXiv[: ]*)?(\d{4}\.\d{4,5})\b")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\((?!https?://|#|mailto:)([^)\s]+)\)")
 
 
+def on_config(config):
+    """Every kind's page goes into the nav's "Plugins" section, after the pages mkdocs.yml names there."""
+    for section in config["nav"] or ():
+        if isinstance(section, dict) and "Plugins" in section:
+            named = {p for entry in section["Plugins"] for p in (entry.values() if isinstance(entry, dict) else [entry])}
+            at = next((i + 1 for i, entry in enumerate(section["Plugins"])
+                       if isinstance(entry, dict) and "plugins/catalogue.md" in entry.values()), 0)
+            for kind in reversed(registry.kinds()):
+                if f"plugins/{kind}.md" not in named:
+                    section["Plugins"].insert(at, {f"{kind} plugins": f"plugins/{kind}.md"})
+    return config
+
+
 def on_files(files: Files, config) -> Files:
     for kind in registry.kinds():
         files.append(File.generated(config, f"plugins/{kind}.md", content=kind_page(kind)))
+    files.append(File.generated(config, "plugins/interfaces.md", content=interfaces_page()))
     # The committed catalogue.md only tells a reader of the repository how to get this page; the site gets the page.
     for generated, content in (("plugins/catalogue.md", catalogue_page()), ("index.md", home_page())):
         existing = files.get_file_from_path(generated)
@@ -88,6 +102,27 @@ def plugin_section(kind: str, name: str) -> list[str]:
                                   f"none; try `--model.arch.{kind}={name}` on `recipes/gpt_baseline.yaml`."))
     out.append("")
     return out
+
+
+def interfaces_page() -> str:
+    """What a plugin implements: every class of ``arch_plugins.interfaces`` with its methods, from the code."""
+    from arch_plugins import interfaces
+
+    lines = ["# Plugin interfaces", "",
+             "Generated from `arch_plugins/interfaces.py` at build time: the base classes a plugin subclasses and the "
+             "objects the stack hands it. How they fit together: [writing a plugin](writing.md).", ""]
+    classes = [c for _, c in inspect.getmembers(interfaces, inspect.isclass) if c.__module__ == interfaces.__name__]
+    for cls in sorted(classes, key=lambda c: inspect.getsourcelines(c)[1]):
+        lines += [f"## `{cls.__name__}`", "", "```text", inspect.getdoc(cls) or "(no docstring)", "```", ""]
+        for name, member in cls.__dict__.items():
+            if name.startswith("_") or not callable(member) and not isinstance(member, property):
+                continue
+            func = member.fget if isinstance(member, property) else member
+            doc = inspect.getdoc(func)
+            lines += [f"### `{cls.__name__}.{name}` {{ #{cls.__name__.lower()}-{name} }}", "",
+                      "```python", f"def {name}{str(inspect.signature(func)).replace(chr(39), '')}", "```", ""]
+            lines += [doc, ""] if doc else []
+    return "\n".join(lines) + "\n"
 
 
 def paper(cls) -> str:
