@@ -30,12 +30,13 @@ def on_config(config):
     """Every kind's page goes into the nav's "Plugins" section, after the pages mkdocs.yml names there."""
     for section in config["nav"] or ():
         if isinstance(section, dict) and "Plugins" in section:
-            named = {p for entry in section["Plugins"] for p in (entry.values() if isinstance(entry, dict) else [entry])}
-            at = next((i + 1 for i, entry in enumerate(section["Plugins"])
+            entries = section["Plugins"]
+            named = {p for entry in entries for p in (entry.values() if isinstance(entry, dict) else [entry])}
+            at = next((i + 1 for i, entry in enumerate(entries)
                        if isinstance(entry, dict) and "plugins/catalogue.md" in entry.values()), 0)
             for kind in reversed(registry.kinds()):
                 if f"plugins/{kind}.md" not in named:
-                    section["Plugins"].insert(at, {f"{kind} plugins": f"plugins/{kind}.md"})
+                    entries.insert(at, {f"{kind} plugins": f"plugins/{kind}.md"})
     return config
 
 
