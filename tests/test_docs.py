@@ -33,9 +33,11 @@ def test_site_builds_strict_with_generated_plugin_pages(tmp_path, monkeypatch):
     site = tmp_path / "site"
     for kind in registry.kinds():
         page = (site / "plugins" / kind / "index.html").read_text()
-        assert f"arch.{kind}_options" in page
+        assert f"{registry.GROUP_PREFIX}{kind}" in page
         for name in registry.names(kind):
             assert f'id="{name}"' in page, f"{kind} page lacks {name}"
+    assert "arch.norm_options" in (site / "plugins" / "norm" / "index.html").read_text()
+    assert "arch.future_kind" not in (site / "plugins" / "future_kind" / "index.html").read_text()
     assert 'href="../future_kind/"' in (site / "plugins" / "norm" / "index.html").read_text()  # in the nav
     catalogue = (site / "plugins" / "catalogue" / "index.html").read_text()
     assert "rmsnorm" in catalogue and "python cli.py plugins NAME" not in catalogue  # the generated page won

@@ -64,12 +64,23 @@ def catalogue_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def selected_in_architecture(kind: str) -> bool:
+    """Whether the architecture config has a field for this kind (``arch.norm``); other kinds are chosen elsewhere."""
+    import dataclasses
+
+    from lit.models.transformer import TransformerConfig
+
+    return kind in {f.name for f in dataclasses.fields(TransformerConfig)}
+
+
 def kind_page(kind: str) -> str:
     names = registry.names(kind)
+    how = (f"Select one with `arch.{kind}: NAME` in a recipe or `--model.arch.{kind}=NAME`; set its options with "
+           f"`arch.{kind}_options` (`--model.arch.{kind}_options.OPTION=VALUE`). "
+           if selected_in_architecture(kind) else "")
     lines = [f"# {kind} plugins", "",
-             f"Select one with `arch.{kind}: NAME` in a recipe or `--model.arch.{kind}=NAME`; set its options with "
-             f"`arch.{kind}_options` (`--model.arch.{kind}_options.OPTION=VALUE`). Entry-point group "
-             f"`{registry.GROUP_PREFIX}{kind}`. This page is generated from the registry at build time.", ""]
+             f"{how}Entry-point group `{registry.GROUP_PREFIX}{kind}`. This page is generated from the registry "
+             "at build time.", ""]
     if not names:
         lines.append("No plugin of this kind is installed.")
     for name in names:
@@ -99,8 +110,7 @@ def plugin_section(kind: str, name: str) -> list[str]:
         out += [f"| `{o.name}` | {code(o.type)} | {code(o.default)} |" for o in d.options]
     out.append("")
     used = recipes_using(kind, name)
-    out.append("**Recipes:** " + (", ".join(f"`{r}`" for r in used) if used else
-                                  f"none; try `--model.arch.{kind}={name}` on `recipes/gpt_baseline.yaml`."))
+    out.append("**Recipes:** " + (", ".join(f"`{r}`" for r in used) if used else "none."))
     out.append("")
     return out
 
