@@ -13,6 +13,7 @@ from arch_plugins import registry
 from arch_plugins.diagnostics import declared_diagnostics
 from arch_plugins.interfaces import Site, StackInfo
 from arch_plugins.norms.three_phase import HornInjection, PhaseRMSNorm, PhaseRotation
+from arch_plugins.weight_decay import decays
 from lit.models import GPT, TransformerConfig
 from lit.models.transformer import TransformerStack
 from lit.models.vit import ViT
@@ -149,6 +150,15 @@ def test_gpt_trains_and_the_horn_has_no_state():
     assert not any("horn" in k for k in gpt.state_dict())
     names = {name for name, _, _ in declared_diagnostics(gpt)}
     assert "stack.blocks.1.attn_after_add.theta" in names
+
+
+@pytest.mark.parametrize("weight_decay", [True, False])
+def test_angles_and_gains_decay_as_the_reference_unless_asked_not_to(weight_decay):
+    stack = TransformerStack(TransformerConfig(d_model=D, n_layers=2, n_heads=3, norm="3pt",
+                                               norm_options={"weight_decay": weight_decay}), causal=True, max_len=T)
+    decay, named = decays(stack), dict(stack.named_parameters())
+    for name in ("blocks.0.attn_after_add.theta", "blocks.1.mlp_in.weight", "final.weight"):
+        assert decay[id(named[name])] is weight_decay, name
 
 
 def test_vit_refuses_the_horn_and_trains_without_it():

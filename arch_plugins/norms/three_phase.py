@@ -19,8 +19,10 @@ lie in one phase); this stack has no GQA, so the alignment is the constraint tha
 Every piece sits at a norm-strategy site the block already calls: the horn at ``embedding``, the per-phase norm at
 ``attn_in``, ``mlp_in`` and ``final``, the rotation at ``attn_after_add`` (between the attention's residual add and
 the MLP's input, exactly where the reference applies it). Faithful to achelousace/three-phase-transformer
-(ThreePhaseTransformer123M.py); the difference, on purpose: the horn is computed for the sequence at hand instead
-of read from a buffer of max_len = 1025 positions, so any block size works (the values are the same).
+(ThreePhaseTransformer123M.py), whose AdamW decays every parameter: so are the angles and the per-phase gains here
+(``weight_decay``), unlike the project's other norm gains. The difference, on purpose: the horn is computed for the
+sequence at hand instead of read from a buffer of max_len = 1025 positions, so any block size works (the values
+are the same).
 """
 
 from __future__ import annotations
@@ -34,15 +36,17 @@ from torch import nn
 from arch_plugins.diagnostics import declare_diagnostic
 from arch_plugins.interfaces import NormStrategy, Site, StackInfo
 from arch_plugins.registry import PluginError
+from arch_plugins.weight_decay import declare_weight_decay
 
 
 class PhaseRMSNorm(nn.Module):
     """RMSNorm of each of ``phases`` contiguous channel groups with its own gains: x / sqrt(mean x^2 + eps) * g."""
 
-    def __init__(self, dim: int, phases: int, eps: float = 1e-6):
+    def __init__(self, dim: int, phases: int, eps: float = 1e-6, decay: bool = False):
         super().__init__()
         self.phases, self.eps = phases, eps
         self.weight = nn.Parameter(torch.ones(dim))  # the N per-phase gain vectors, concatenated
+        declare_weight_decay(self, "weight", decay)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         phased = x.unflatten(-1, (self.phases, -1))
@@ -53,11 +57,12 @@ class PhaseRMSNorm(nn.Module):
 class PhaseRotation(nn.Module):
     """Givens rotation of every (even, odd) channel pair of each phase i by theta_k + 2 pi i / N: an orthogonal map."""
 
-    def __init__(self, dim: int, phases: int, layer: int, num_layers: int):
+    def __init__(self, dim: int, phases: int, layer: int, num_layers: int, decay: bool = False):
         super().__init__()
         self.phases = phases
         # The reference's depth-linear schedule: a small angle in the first block, a quarter turn in the last.
         self.theta = nn.Parameter(torch.full((dim // phases // 2,), (layer + 1) * math.pi / (2 * num_layers)))
+        declare_weight_decay(self, "theta", decay)
         self.register_buffer("offsets", 2 * math.pi / phases * torch.arange(phases, dtype=torch.float32),
                              persistent=False)
         declare_diagnostic(self, "theta")  # the paper tracks the drift of the mean angle per block (its U shape)
@@ -87,13 +92,15 @@ class ThreePhaseStrategy(NormStrategy):
         eps: the RMSNorm epsilon (the reference's 1e-6).
         horn: inject the horn's absolute-position profile after the embedding (language models only: an encoder's
             patches are not a sequence it was designed for; pass horn: false for ViT).
+        weight_decay: decay the rotation angles and the per-phase gains as the reference does (its AdamW decays
+            every parameter); false keeps the project's default for vectors (not decayed).
     """
 
-    def __init__(self, phases: int = 3, eps: float = 1e-6, horn: bool = True):
+    def __init__(self, phases: int = 3, eps: float = 1e-6, horn: bool = True, weight_decay: bool = True):
         if not isinstance(phases, int) or isinstance(phases, bool) or phases < 1:
             raise ValueError(f"phases is the number of channel groups N (the paper uses 3); give an integer >= 1, "
                              f"got {phases!r}")
-        self.phases, self.eps, self.horn = phases, eps, horn
+        self.phases, self.eps, self.horn, self.weight_decay = phases, eps, horn, weight_decay
 
     def _check(self, stack: StackInfo) -> None:
         n = self.phases
@@ -112,7 +119,7 @@ class ThreePhaseStrategy(NormStrategy):
         if site == Site.EMBEDDING:
             return HornInjection() if self.horn else None
         if site in (Site.ATTN_IN, Site.MLP_IN, Site.FINAL):
-            return PhaseRMSNorm(dim, self.phases, self.eps)
+            return PhaseRMSNorm(dim, self.phases, self.eps, self.weight_decay)
         if site == Site.ATTN_AFTER_ADD:
-            return PhaseRotation(dim, self.phases, layer, stack.num_layers)
+            return PhaseRotation(dim, self.phases, layer, stack.num_layers, self.weight_decay)
         return None
