@@ -123,7 +123,7 @@ def megatron_mappings(merge: ManifoldConstrainedConnection, x: torch.Tensor, ite
     nC = x.shape[-1]
     r = x.norm(dim=-1, keepdim=True) / math.sqrt(nC)  # _projection_and_get_norm, lines 224-226
     r = 1.0 / (r + 1e-6)
-    proj = x @ merge.phi.t()  # mapping_proj, bias=False (lines 180-182)
+    proj = x @ merge.phi.t()  # mapping_proj, bias=False (lines 182-184)
     alpha_ = torch.cat([merge.alpha_pre.expand(n), merge.alpha_post.expand(n), merge.alpha_res.expand(n * n)])
     h = r * proj * alpha_ + merge.bias  # _compute_h, lines 244-253
     h_pre = h[..., :n].sigmoid()
@@ -137,7 +137,7 @@ def megatron_mappings(merge: ManifoldConstrainedConnection, x: torch.Tensor, ite
 
 
 def megatron_layer(merge, x_flat, f):
-    """aggregate (line 391), f, then apply_h_res (line 415: H_res @ residual) + _apply_h_post (line 317)."""
+    """aggregate (line 391), f, then apply_h_res (line 416: H_res @ residual) + _apply_h_post (line 317)."""
     n = merge.streams
     h_pre, h_post, h_res = megatron_mappings(merge, x_flat)
     streams = x_flat.view(*x_flat.shape[:-1], n, -1)
