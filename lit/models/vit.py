@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from arch_plugins.declarations import declare_role, declare_roles
+from arch_plugins.declarations import declare_roles
 from arch_plugins.interfaces import Role, Site
 from lit.errors import ArchitectureError
 from lit.models.transformer import TransformerConfig, TransformerStack
