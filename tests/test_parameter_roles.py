@@ -215,6 +215,9 @@ def test_every_parameter_of_every_plugin_has_exactly_one_role(case):
             assert r.kind == r.role
         if r.slices:
             assert r.slices[0][1] == 0 and r.slices[-1][2] == r.param.shape[0]
+    by_id = {id(r.param): r.role for r in roles}
+    embedding = model.tok.weight if isinstance(model, GPT) else model.patch.weight
+    assert (by_id[id(embedding)], by_id[id(model.head.weight)]) == (Role.EMBEDDING, Role.HEAD)
     assert decays(model) == old_decay_rule(model)
     assert set(ParameterGroups(model).groups) == old_groups(model)
 
