@@ -533,6 +533,142 @@ def test_one_seed_gives_means_without_a_p_value(run_compare, store):
     assert "Tuning: none" in markdown
 
 
+# --- missing seeds, divergence, resume, parity, bounded metrics, families, plans ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def edge_report(store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("edge")
+    assert main(["--sweep", store["edge"], "--tracking_uri", store["uri"], "--out", str(out)]) == 0
+    return (out / "report.md").read_text()
+
+
+def edge_differences(variant):
+    base, ours = EDGE_FINALS["base"], EDGE_FINALS[variant]
+    return {s: ours[s] - base[s] for s in sorted(set(base) & set(ours)) if ours[s] is not None}
+
+
+def test_edge_reports_the_held_out_metric_and_the_tuning_rule(edge_report):
+    assert "# Sweep `edge0000`: test/loss" in edge_report
+    assert "the sweep reports `test/loss` and tuned by `val/loss`" in edge_report
+    assert "Rule: separate seed: tuning ran on seed 99, outside the evaluation seeds" in edge_report
+    assert "and 1 diverged (div 1)" in edge_report
+
+
+def test_missing_seeds_pair_by_seed(edge_report):
+    row = table(edge_report, "## Against the baseline")["holes"]
+    differences = edge_differences("holes")
+    assert list(differences) == [0, 2, 3] and row["paired seeds"] == "3"
+    assert row["per-seed difference"] == "; ".join(f"{s}: {d:+.3f}" for s, d in differences.items())
+    assert_printed(row["mean difference"], np.mean(list(differences.values())))
+    p = scipy_stats.ttest_rel([EDGE_FINALS["holes"][s] for s in differences],
+                              [EDGE_FINALS["base"][s] for s in differences]).pvalue
+    assert_printed(row["p (paired t)"], p, relative=5e-3)
+    variants = table(edge_report, "## Variants")
+    assert variants["holes"]["per seed"] == "0: 3.200; 2: 3.110; 3: 3.260; 4: 3.000"
+
+
+def test_a_resumed_step_keeps_its_latest_value_on_non_monotone_curves(edge_report):
+    variants = table(edge_report, "## Variants")
+    finals = EDGE_FINALS["wobbly"]
+    assert variants["wobbly"]["per seed"] == "; ".join(f"{s}: {f:.3f}" for s, f in finals.items())
+    assert_printed(variants["wobbly"]["mean ± std"].split(" ± ")[0], np.mean(list(finals.values())))
+    # The dip below the target at step 200 comes first: the first crossing counts (and is interpolated).
+    speedups = table(edge_report, "## Steps to the baseline's final")["wobbly"]
+    for seed, cell in zip(EDGE_SEEDS, speedups["per-seed speedup"].split("; "), strict=True):
+        target, curve = EDGE_FINALS["base"][seed], wobbly_curve(finals[seed])
+        first = next(i for i, v in enumerate(curve) if v <= target)
+        step = STEPS[first - 1] + (target - curve[first - 1]) * (STEPS[first] - STEPS[first - 1]) / (
+            curve[first] - curve[first - 1])
+        assert_printed(cell.split(": ")[1].rstrip("×"), hand_crossing(loss_curve(target), target) / step)
+
+
+def test_a_diverged_seed_is_an_outcome(edge_report):
+    variants = table(edge_report, "## Variants")
+    assert variants["div"]["seeds"] == "3 + 1 diverged"
+    assert "2: diverged at 150" in variants["div"]["per seed"]
+    row = table(edge_report, "## Against the baseline")["div"]
+    assert row["paired seeds"] == "4 (1 diverged: not in t)" and "2: variant diverged" in row["per-seed difference"]
+    assert row["test"] == "sign-flip" and row["CI (Holm)"] == "— (sign-flip verdict)"
+    finite = edge_differences("div")
+    assert_printed(row["p (paired t)"], scipy_stats.ttest_1samp(list(finite.values()), 0).pvalue, relative=5e-3)
+    # three seeds better, the diverged one worst of all: signed ranks -2, -1, +4, -3, |sum| 2. A pattern's sum is
+    # 10 - 2 * (the ranks it negates); only {1, 4} and {2, 3} give 0, so 14 of the 16 patterns reach |2|
+    assert_printed(row["p (sign-flip)"], 14 / 16, relative=1e-3)
+    assert row["verdict"] == "not distinguishable at this noise"
+    assert "enters the sign-flip test as the worst outcome" in edge_report
+
+
+def test_a_variant_diverged_at_every_tuning_value_is_reported(edge_report):
+    assert table(edge_report, "## Variants")["dead"]["seeds"] == "0 (diverged at every tuning value: 2 of 2)"
+    assert table(edge_report, "## Against the baseline")["dead"]["verdict"] == "diverged at every tuning value"
+
+
+def test_parity_is_tested_as_equivalence(edge_report):
+    row = table(edge_report, "## Against the baseline")["eq"]
+    d = np.array(list(edge_differences("eq").values()))
+    p = max(scipy_stats.ttest_1samp(d, -EDGE_MARGIN, alternative="greater").pvalue,
+            scipy_stats.ttest_1samp(d, EDGE_MARGIN, alternative="less").pvalue)
+    assert_printed(row["p (TOST)"], p, relative=5e-3)
+    assert row["verdict"] == f"equivalent within ±{EDGE_MARGIN:g}"
+    assert table(edge_report, "## Against the baseline")["holes"]["p (TOST)"] == "—"
+
+
+def test_parity_flags_override_the_protocol(run_compare, store):
+    code, markdown, _ = run_compare("--sweep", store["edge"], "--parity", "holes", "--equivalence_margin", "0.001")
+    assert code == 0
+    rows = table(markdown, "## Against the baseline")
+    assert rows["holes"]["verdict"] in ("different (better)", "not shown equivalent")
+    assert rows["eq"]["p (TOST)"] == "—"
+
+
+def test_a_bounded_metric_keeps_its_interval_in_zero_one_and_shows_the_collapse(run_compare):
+    code, markdown, _ = run_compare("--experiment", "digits")
+    assert code == 0
+    row = table(markdown, "## Variants")["dyt"]
+    low, high = (float(x) for x in pair(row["95% CI"]))
+    assert 0 < low < high < 1 and hand_interval(DIGITS_FINALS["dyt"])[1] > 1  # the raw t interval would not
+    assert row["seeds"] == "5 (1 collapsed)" and "2: 0.1000 collapsed" in row["per seed"]
+    comparison = table(markdown, "## Against the baseline")["dyt"]
+    assert_printed(comparison["p (sign-flip)"], 2 / 32, relative=1e-3)  # all five seeds worse
+    assert "logit scale" in markdown
+
+
+def test_an_unknown_metric_needs_a_mode(run_compare):
+    code, _, err = run_compare("--experiment", "digits", "--metric", "val/score")
+    assert code == 2 and len(err) == 1 and "--mode min or --mode max" in err[0]
+    code, markdown, _ = run_compare("--experiment", "digits", "--metric", "val/score", "--mode", "max")
+    assert code == 0 and "`val/score`, higher is better (from --mode)" in markdown
+    assert table(markdown, "## Against the baseline")["dyt"]["verdict"] != "better"
+
+
+def test_holm_runs_over_the_declared_family(run_compare, store):
+    def p(sweep):
+        (base, variant) = FAMILY[sweep].values()
+        return scipy_stats.ttest_rel(variant, base).pvalue
+
+    code, markdown, _ = run_compare("--sweep", store["family"][0])
+    assert code == 0
+    assert "family `suite`, declared in the protocol over 2 sweeps (famA0000, famB0000)" in markdown
+    row = table(markdown, "## Against the baseline")["a"]
+    assert_printed(row["p (Holm)"], hand_holm(np.array([p("famA00000001"), p("famB00000001")]))[0], relative=5e-3)
+    code, markdown, _ = run_compare("--sweep", store["family"][0], "--no_family")
+    assert_printed(table(markdown, "## Against the baseline")["a"]["p (Holm)"], p("famA00000001"), relative=5e-3)
+
+
+def test_plan_gives_the_seeds_an_effect_needs(run_compare):
+    code, out, _ = run_compare("--experiment", "norms", "--plan", "--effect", "0.02")
+    assert code == 0 and "# Plan for sweep" in out
+    rows = table(out, "# Plan")
+    alpha = 0.05 / 3
+    for variant in ("fast", "same", "slow"):
+        sd = np.subtract(FINALS[variant], FINALS["base"]).std(ddof=1)
+        n = next(n for n in range(2, 1000) if scipy_stats.nct.sf(scipy_stats.t.ppf(1 - alpha / 2, n - 1), n - 1,
+                                                                  0.02 * np.sqrt(n) / sd) >= 0.8)
+        assert rows[variant]["seeds for 0.02"] == str(n)
+        assert_printed(rows[variant]["MDE now (80%)"], hand_mde(sd, 3, alpha))
+
+
 # --- errors: one line, exit code 2 -------------------------------------------------------------------------------
 
 
@@ -545,6 +681,12 @@ def test_one_seed_gives_means_without_a_p_value(run_compare, store):
     (["--experiment", "unfinished"], ["no FINISHED final child runs", "FAILED: 1", "RUNNING: 1"]),
     (["--experiment", "single", "--require_test"], ["--require_test", "paired seeds fast: 1"]),
     (["--experiment", "norms", "--confidence", "95"], ["between 0 and 1"]),
+    (["--experiment", "norms", "--plan"], ["--plan needs --effect"]),
+    (["--experiment", "norms", "--effect", "0.1"], ["--effect is read only with --plan"]),
+    (["--experiment", "norms", "--parity", "fast"], ["needs a margin", "--equivalence_margin"]),
+    (["--experiment", "norms", "--equivalence_margin", "0.1"], ["--parity LABEL"]),
+    (["--experiment", "norms", "--parity", "nope", "--equivalence_margin", "0.1"], ["not a variant"]),
+    (["--experiment", "norms", "--mode", "up"], ["invalid choice"]),
     ([], ["one of the arguments --experiment --sweep is required"]),
 ])
 def test_user_errors_are_one_line(run_compare, args, says):

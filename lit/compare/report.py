@@ -314,9 +314,10 @@ def _targets(a: Analysis) -> str:
     unit = _unit(a)
     tokens = any(t.tokens is not None for t in a.targets)
     intro = (f"## Steps to the baseline's final {a.metric}\n\n"
-             "Per seed: the target is the baseline seed's own final value; a run *reaches* it where its raw validation "
-             "curve first gets to a value at or better than the target, linearly interpolated between the two "
-             "logged points around that first crossing (no best-so-far smoothing: the first crossing counts). Speedup = the baseline seed's step / the variant's step at that seed, so the "
+             "Per seed: the target is the baseline seed's own final value; a run *reaches* it where its raw curve of "
+             "the metric first gets to a value at or better than the target, linearly interpolated between the two "
+             "logged points around that first crossing (no best-so-far smoothing: the first crossing counts). "
+             "Speedup = the baseline seed's step / the variant's step at that seed, so the "
              f"baseline is 1.00 by construction; the geometric mean over seeds with a {a.confidence:.0%} t interval "
              "of the mean log speedup, over the seeds where both reached it (a seed not reached is listed, not "
              "counted, so with one the interval is optimistic)."
