@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--experiment", metavar="NAME",
                        help="MLflow experiment: its most recently started sweep is reported")
     which.add_argument("--sweep", metavar="PARENT_RUN_ID", help="the run id of a sweep's parent run")
-    parser.add_argument("--metric", help="metric to compare (default: the sweep's own, from protocol.json)")
+    parser.add_argument("--metric", help="metric to compare (default: the sweep's report_metric from "
+                        "protocol.json, else the metric it tuned by)")
     parser.add_argument("--baseline", metavar="LABEL",
                         help="variant the others are compared with (default: the sweep's baseline)")
     parser.add_argument("--out", metavar="DIR", help="folder for report.md and the PNGs (default: "
