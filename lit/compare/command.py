@@ -191,16 +191,13 @@ def family_tests(client: MlflowClient, parent: Run, sweep: Sweep,
     for other in family_parents(client, parent, name):
         try:
             member = load_sweep(client, other)
+            if member.sweep_id == sweep.sweep_id or member.sweep_id in tests:  # another parent of a sweep counted
+                continue
+            analysis = analyze(member, member.metric, None, args.confidence)  # its own protocol's parity claims
         except UserInputError as exc:
-            raise UserInputError(f"sweep {other.info.run_id} of family {name!r} cannot be read ({exc}); finish it, "
-                                 "or pass --no_family for Holm over this sweep alone") from None
-        if member.sweep_id == sweep.sweep_id or member.sweep_id in tests:  # another parent of a sweep counted
-            continue
-        spec = member.protocol
-        declared_parity = spec.get("equivalence")
-        parity = (float(declared_parity["margin"]), list(declared_parity.get("variants") or [])) \
-            if declared_parity else None
-        tests[member.sweep_id] = tested_p_values(analyze(member, member.metric, None, args.confidence, None, parity))
+            raise UserInputError(f"sweep {other.info.run_id} of family {name!r} cannot be analysed ({exc}); finish "
+                                 "it, or pass --no_family for Holm over this sweep alone") from None
+        tests[member.sweep_id] = tested_p_values(analysis)
     return tests
 
 
