@@ -23,7 +23,7 @@ from lit.callbacks import MLflowRun, continue_checkpoint_run
 from lit.checkpoints import check_fits, checkpoint_shapes
 from lit.errors import UserInputError
 from lit.preemption import Interrupted, PreemptionCheckpoints
-from lit.tracking import LogConfigToMLflow
+from lit.tracking.config_log import LogConfigToMLflow
 
 USER_ERRORS = (PluginError, UserInputError)
 

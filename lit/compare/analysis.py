@@ -8,22 +8,21 @@ the same numbers and the tests can check them against a computation by hand.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from lit.compare import stats
-from lit.compare.runs import SPIKE_METRIC, STREAM_RMS_PREFIX, Sweep, is_throughput_metric
+from lit.compare.runs import Sweep, is_throughput_metric
 from lit.errors import UserInputError
 from lit.sweep import protocol
+from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
+from lit.tracking.names import STREAM_RMS_PREFIX, SUBLAYER
 
 NEEDS_SEEDS = "needs ≥2 seeds for an interval"
 NEEDS_PAIRS = "needs ≥2 paired seeds for a test"
 NO_COMMON_SEED = "no seed in common with the baseline"
-# Sublayers in the order the residual stream passes them: embedding, then each block's attention and MLP.
-SUBLAYER = re.compile(r"^(?:embedding|layer(?P<block>\d{2})\.(?P<part>attn|mlp)|final)$")
 
 
 @dataclass(frozen=True)

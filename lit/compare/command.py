@@ -19,7 +19,7 @@ from lit.compare.report import render
 from lit.compare.runs import connect, find_parent, load_sweep
 from lit.errors import OneLineArgumentParser, UserInputError
 from lit.sweep import protocol
-from lit.tracking import resolve_tracking_uri
+from lit.tracking.uri import resolve_tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

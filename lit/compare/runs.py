@@ -20,6 +20,8 @@ import pandas as pd
 from lit.errors import UserInputError
 from lit.sweep import protocol
 from lit.sweep.store import search_all_runs
+from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
+from lit.tracking.names import STREAM_RMS_PREFIX
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -29,9 +31,6 @@ LISTED = 10  # names shown in an error that lists what exists
 DEFAULT_METRIC = "val/loss"  # for a protocol that does not name its metric
 RUN_COLUMNS = ("run_id", "variant", "seed", "seed_index", "tune_value", "start_time")
 HISTORY_COLUMNS = ("run_id", "key", "step", "timestamp", "value")
-# Diagnostics the report shows (issue 12); other diag/* metrics (per-layer norms, ...) are not read.
-STREAM_RMS_PREFIX = "diag/stream_rms/"
-SPIKE_METRIC = "diag/spike_count"
 SYSTEM_PREFIX = "system/"
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 

@@ -25,6 +25,7 @@ from arch_plugins.constraints import is_dtensor
 from lit.errors import UserInputError
 from lit.models.transformer import MLP, Block
 from lit.parallel import blocks as model_blocks
+from lit.tracking.names import layer_name
 
 GLOBAL = "global"
 # Path segments that wrappers may insert (torch.compile of a whole module, checkpoint and FSDP1 wrappers).
@@ -46,10 +47,6 @@ def block_role(block: Block, path: str) -> str:
     if first.endswith(("_in", "_out", "_after_add")):
         return "norms"
     return "other"
-
-
-def layer_name(index: int) -> str:
-    return f"layer{index:02d}"
 
 
 class ParameterGroups:
