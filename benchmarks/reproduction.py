@@ -31,7 +31,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from lit.cli import main as cli
+from lit.commands import main as cli
 from lit.compare import stats
 from lit.compare.analysis import Analysis, analyze
 from lit.compare.runs import connect, find_parent, load_sweep
