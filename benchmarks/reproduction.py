@@ -2,7 +2,7 @@
 and intervals? A preset of ``cli.py sweep`` and ``cli.py compare`` plus one table, one row per claim.
 
 Three sweeps, each method as its own recipe (its authors' init, weight decay, clipping and final norm: see
-docs/reproduction.md and ../shared/specs/fidelity-audit.md):
+docs/reproduction.md):
 
 - text: tinyshakespeare (char level), every seed method against the pre-RMSNorm baseline at 8 layers (twice
   the quickstart recipe's depth, so that depth-related claims have room to show), 300 steps x 16 x 64 tokens,
