@@ -1,28 +1,22 @@
 """`python cli.py plugins [NAME]`: what is installed, and one plugin's kind, origin, docstring and options.
 
-A room of its own so that the front door answers at once: listing imports neither Lightning, MLflow nor
-torch (``arch_plugins.catalogue`` reads package metadata and source files). ``plugins NAME`` imports
-that one plugin, and so torch.
+A module of its own, apart from the training CLI, so that listing answers at once: it imports neither
+Lightning, MLflow nor torch (``arch_plugins.catalogue`` reads package metadata and source files).
+``plugins NAME`` imports that one plugin, and so torch.
 """
 
 from __future__ import annotations
 
-import sys
-
 from arch_plugins import catalogue
-from arch_plugins.registry import PluginError
-from lit.errors import OneLineArgumentParser, UserInputError
+from lit.errors import OneLineArgumentParser, one_line_errors
 
 
+@one_line_errors
 def main(argv: list[str]) -> int:
     parser = OneLineArgumentParser(prog="cli.py plugins", description="List the installed plugins, or show one.")
     parser.add_argument("name", nargs="?", help="a plugin's name: show its kind, package, docstring and options")
-    try:
-        args = parser.parse_args(argv)
-        print(show(args.name) if args.name else listing())
-    except (PluginError, UserInputError) as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+    args = parser.parse_args(argv)
+    print(show(args.name) if args.name else listing())
     return 0
 
 

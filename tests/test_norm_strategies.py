@@ -11,7 +11,7 @@ from torch import nn
 
 from arch_plugins import catalogue, registry
 from arch_plugins.interfaces import Site, StackInfo
-from arch_plugins.norms.dyt import DynamicTanh, LearnableScale
+from arch_plugins.norms.dyt import DynamicTanh, EmbeddingScale
 from arch_plugins.norms.lns import ScaledNorm
 from arch_plugins.norms.seednorm import SeeDNorm
 from lit.models.transformer import TransformerConfig, TransformerStack
@@ -196,7 +196,7 @@ def test_dyt_defaults_follow_the_kind_of_stack():
     lm = stack(True, norm="dyt")
     assert [(b.attn_in.alpha.item(), b.mlp_in.alpha.item()) for b in lm.blocks] == [pytest.approx((1.0, 1.0))] * 3
     assert lm.final.alpha.item() == pytest.approx(1.0) and lm.final.bias is None
-    assert isinstance(lm.embedding, LearnableScale) and lm.embedding.scale.item() == pytest.approx(math.sqrt(D))
+    assert isinstance(lm.embedding, EmbeddingScale) and lm.embedding.scale.item() == pytest.approx(math.sqrt(D))
     vit = stack(False, norm="dyt")
     alphas = [m.alpha.item() for m in vit.modules() if isinstance(m, DynamicTanh)]
     assert alphas == [0.5] * 7 and vit.final.bias is not None and isinstance(vit.embedding, nn.Identity)

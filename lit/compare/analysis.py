@@ -9,16 +9,17 @@ the same numbers and the tests can check them against a computation by hand.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from lit.compare import stats
-from lit.compare.runs import SPIKE_METRIC, STREAM_RMS_PREFIX, Sweep, is_throughput_metric
+from lit.compare.runs import Sweep, is_throughput_metric
 from lit.errors import UserInputError
 from lit.sweep import protocol
+from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
+from lit.tracking.names import STREAM_RMS_PREFIX, SUBLAYER
 
 NEEDS_SEEDS = "needs ≥2 seeds for an interval"
 NEEDS_PAIRS = "needs ≥2 paired seeds for a test"
@@ -26,8 +27,6 @@ NO_COMMON_SEED = "no seed in common with the baseline"
 ALL_TUNING_DIVERGED = "diverged at every tuning value"
 T_TEST, SIGN_FLIP = "paired t", "sign-flip"
 EQUIVALENT, NOT_EQUIVALENT, DIFFERENT = "equivalent within ±{margin:g}", "not shown equivalent", "different"
-# Sublayers in the order the residual stream passes them: embedding, then each block's attention and MLP.
-SUBLAYER = re.compile(r"^(?:embedding|layer(?P<block>\d{2})\.(?P<part>attn|mlp)|final)$")
 # Metric names whose direction is known (the last path segment, lower case); anything else needs --mode.
 LOWER_IS_BETTER = ("loss", "nll", "ppl", "perplexity", "bpb", "bpc", "bits", "error", "err", "mse", "mae", "rmse",
                    "cer", "wer")

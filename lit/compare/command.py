@@ -20,7 +20,7 @@ from lit.compare.report import render, render_plan
 from lit.compare.runs import Sweep, connect, family_parents, find_parent, load_sweep
 from lit.errors import OneLineArgumentParser, UserInputError
 from lit.sweep import protocol
-from lit.tracking import resolve_tracking_uri
+from lit.tracking.uri import resolve_tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -20,6 +20,8 @@ import pandas as pd
 from lit.errors import UserInputError
 from lit.sweep import protocol
 from lit.sweep.store import search_all_runs
+from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
+from lit.tracking.names import STREAM_RMS_PREFIX
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -31,9 +33,6 @@ RUN_COLUMNS = ("run_id", "variant", "seed", "seed_index", "tune_value", "start_t
 TUNE_COLUMNS = ("variant", "tune_value", "status", "outcome")
 DUPLICATE_RULE = "the latest-started run counts (FINISHED or diverged); the others are left out"
 HISTORY_COLUMNS = ("run_id", "key", "step", "timestamp", "value")
-# Diagnostics the report shows (issue 12); other diag/* metrics (per-layer norms, ...) are not read.
-STREAM_RMS_PREFIX = "diag/stream_rms/"
-SPIKE_METRIC = "diag/spike_count"
 SYSTEM_PREFIX = "system/"
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
