@@ -10,6 +10,9 @@ that builds it, right after). Every declaration below is stored the same way, re
   parametrizations, weight decay, diagnostics and the run's role table. A fused matrix declares its row
   slices (``{Role.Q: (0, d), Role.K: (d, 2 d), Role.V: (2 d, 3 d)}``), found by ``dense_role``.
 - ``declare_weight_decay(module, "alpha", True)``: an exception to the role's decay default.
+- ``declare_optimizer_scale(module, "weight", lr=0.25, weight_decay=2.0, eps=0.5)``: multipliers of the
+  recipe's learning rate, weight decay and Adam epsilon for one parameter (a parametrization declares them
+  on every parameter by role; a plugin may declare its own); read by every optimizer builder.
 - ``declare_unit_norm(module, "weight", dim)``: a weight kept on the unit sphere (nGPT's renormalisation).
 - ``declare_diagnostic(module, "alpha", fn=None)``: a learned scalar worth watching (``diag/scalar/...``).
 - ``declare_progress_hook(module, fn)``: a behaviour that follows the optimizer step (PRepBN, BHyT).
@@ -325,6 +328,74 @@ def decays(model: nn.Module) -> dict[int, bool]:
         if declared.setdefault(id(param), decay) != decay:
             raise ValueError("a parameter is declared both to decay and not to decay (tied weights disagree)")
         result[id(param)] = decay
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Optimizer scales
+
+
+@dataclass(frozen=True)
+class OptimizerScale:
+    """Multipliers of the recipe's learning rate, weight decay and Adam epsilon for one parameter.
+
+    The contract with every optimizer builder: a parameter updated by an Adam-family rule uses
+    ``lr * scale.lr``, ``weight_decay * scale.weight_decay`` (as PyTorch's AdamW applies it: the step shrinks
+    the weight by ``lr * weight_decay``) and ``eps * scale.eps``. The multipliers of a parametrization are
+    derived for Adam; an optimizer that updates a parameter by another rule (Muon's orthogonalised step) must
+    not apply them silently: it applies its own stated rule or refuses (``is_default`` tells it whether
+    anything was declared).
+    """
+
+    lr: float = 1.0
+    weight_decay: float = 1.0
+    eps: float = 1.0
+
+    def __post_init__(self):
+        for name in ("lr", "weight_decay", "eps"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
+                raise ValueError(f"an optimizer scale's {name} multiplier must be a finite number >= 0, got {value!r}")
+        if self.lr == 0 or self.eps == 0:
+            raise ValueError("an optimizer scale's lr and eps multipliers must be > 0 (freeze a parameter with "
+                             "requires_grad=False instead)")
+
+    @property
+    def is_default(self) -> bool:
+        return self == DEFAULT_SCALE
+
+    def __mul__(self, other: OptimizerScale) -> OptimizerScale:
+        return OptimizerScale(self.lr * other.lr, self.weight_decay * other.weight_decay, self.eps * other.eps)
+
+
+DEFAULT_SCALE = OptimizerScale()
+
+
+def declare_optimizer_scale(module: nn.Module, param_name: str, scale: OptimizerScale | None = None, *,
+                            lr: float = 1.0, weight_decay: float = 1.0, eps: float = 1.0) -> None:
+    """Declare multipliers of the recipe's lr, weight decay and Adam epsilon for ``module.<param_name>``.
+
+    Declarations compose by multiplication (a plugin's own multiplier and a parametrization's both apply).
+    """
+    _parameter(module, param_name, "declare an optimizer scale for")
+    scale = (scale or DEFAULT_SCALE) * OptimizerScale(lr, weight_decay, eps)
+    earlier = _declared(module, "optimizer_scale").get(param_name, DEFAULT_SCALE)
+    _declare(module, "optimizer_scale", param_name, earlier * scale)
+
+
+def optimizer_scales(model: nn.Module) -> dict[int, OptimizerScale]:
+    """The declared ``OptimizerScale`` of every parameter of ``model``, by ``id`` (default: all 1).
+
+    A tied parameter declared by two owners with different scales is an error (it has one update rule).
+    """
+    result = {id(p): DEFAULT_SCALE for p in model.parameters()}
+    seen: dict[int, OptimizerScale] = {}
+    for module_name, module, param_name, scale in _walk(model, "optimizer_scale"):
+        param = getattr(module, param_name)
+        if seen.setdefault(id(param), scale) != scale:
+            raise ValueError(f"{_qualified(module_name, param_name)} is declared with two optimizer scales "
+                             f"({seen[id(param)]} and {scale}): tied weights must agree")
+        result[id(param)] = scale
     return result
 
 

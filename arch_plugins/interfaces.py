@@ -1,4 +1,4 @@
-"""The three plugin kinds and the contract each one signs with the transformer block.
+"""The four plugin kinds and the contract each one signs with the transformer block.
 
 The block calls every hook below unconditionally; a plugin returns ``None`` (identity) where it does
 not act. That is what lets the block name no plugin: a new component is a new subclass here, never a
@@ -269,9 +269,61 @@ class Concat(nn.Module):
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
 
+class Parametrization:
+    """Decides how init, per-role optimizer multipliers and the stack's multipliers change with width and depth,
+    so that hyperparameters tuned at a base shape transfer (muP, CompleteP). The defaults are standard
+    parametrization: every hook answers "as the config says".
+
+    The stack asks it once, at build time: ``init_multiplier`` for every matrix the block builds (by role and
+    kind), ``attention_multiplier`` for the attention logit scale, ``branch_multiplier`` for each sublayer's
+    output before it merges into the stream, ``output_multiplier`` for the head's input. After the whole model
+    is built, ``optimizer_scale`` is asked once per trainable parameter (``ParameterRole``: role and kind, never
+    a name) and the answer is declared on the parameter (``declare_optimizer_scale``) for whichever optimizer
+    is built. ``check`` refuses, in one line, a combination with no defined rule.
+    """
+
+    # GPT-2's 1/sqrt(2 n_layers) on the matrices that write to the stream (TransformerConfig.depth_scaled_init);
+    # a depth parametrization that scales the branches itself turns it off.
+    keeps_depth_scaled_init = True
+    # Whether every trainable parameter must have a declared role (a parametrization with per-role rules).
+    needs_roles = False
+
+    def check(self, stack: StackInfo, *, norm: NormStrategy, residual: ResidualType,
+              projection: ProjectionType) -> None:
+        """Raise ``ValueError`` (one line, what to do) for a combination this parametrization has no rule for."""
+
+    def init_multiplier(self, role: str, kind: str, stack: StackInfo) -> float:
+        """Multiplies the init std of a matrix the block builds (``kind`` is the role's ``Kind``)."""
+        return 1.0
+
+    def attention_multiplier(self, stack: StackInfo) -> float:
+        """Multiplies the attention logit scale (the norm strategy's, else 1/sqrt(head_dim))."""
+        return 1.0
+
+    def branch_multiplier(self, stack: StackInfo) -> float:
+        """Multiplies each sublayer's output (after its ``*_out`` site) before the residual merge."""
+        return 1.0
+
+    def output_multiplier(self, stack: StackInfo) -> float:
+        """Multiplies the head's input (the readout), i.e. the logits of a bias-free head."""
+        return 1.0
+
+    def reinitialize(self, parameter, stack: StackInfo) -> None:
+        """Change the init of one ``ParameterRole`` after the whole model is built (called under ``no_grad``):
+        e.g. a zero-initialised query (the rows of a fused q|k|v matrix that ``parameter.slices`` names q).
+        Default: keep it."""
+
+    def optimizer_scale(self, parameter, stack: StackInfo, *, in_blocks: bool):
+        """The ``OptimizerScale`` (lr, weight decay, epsilon multipliers) of one ``ParameterRole``; ``in_blocks``:
+        whether the parameter lives inside the blocks (residual-branch parameters) rather than in the
+        embedding, the final site or the head. Default: all 1 (nothing declared)."""
+        return None
+
+
 # The interface each entry-point group's plugins must implement.
 KIND_INTERFACES: dict[str, type] = {
     "norm": NormStrategy,
     "residual": ResidualType,
     "projection": ProjectionType,
+    "parametrization": Parametrization,
 }

@@ -39,6 +39,8 @@ COMMANDS: dict[str, Command] = {
     "export": Command("lit.checkpoints:main", "turn a sharded checkpoint directory into one checkpoint file"),
     "sync": Command("lit.tracking.sync:main", "send metrics kept while the tracking server was away, or copy a run"),
     "prepare-data": Command("lit.data.prepare:main", "tokenize text files into shards for training"),
+    "coord-check": Command("lit.scale.coord_check_command:main",
+                           "check a parametrization: layer scales against width or depth, figure and slopes"),
 }
 
 

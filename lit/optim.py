@@ -8,20 +8,35 @@ from functools import partial
 import torch
 from torch import nn
 
-from arch_plugins.declarations import decays
+from arch_plugins.declarations import DEFAULT_SCALE, decays, optimizer_scales
+
+ADAM_EPS = 1e-8  # torch.optim.AdamW's default
 
 
-def adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
+def adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
+          eps: float = ADAM_EPS) -> torch.optim.AdamW:
     """Matrices (and embeddings) decay; vectors (norm gains, biases, learnable scales) do not, unless the module
     that owns a parameter declares otherwise: decay follows each parameter's role
-    (``arch_plugins.declarations.decays``), and ``declare_weight_decay`` overrides it."""
+    (``arch_plugins.declarations.decays``), and ``declare_weight_decay`` overrides it.
+
+    Each parameter's declared ``OptimizerScale`` (a parametrization's per-role multipliers) multiplies the lr,
+    the weight decay and epsilon of its group: one group per distinct (decays, scale). Without declarations
+    there are exactly the two groups decay / no-decay, in that order, as before.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = decays(model)
-    groups = [
-        {"params": [p for p in params if decay[id(p)]], "weight_decay": weight_decay},
-        {"params": [p for p in params if not decay[id(p)]], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
+    decay, scales = decays(model), optimizer_scales(model)
+    by_key: dict[tuple[bool, object], list[nn.Parameter]] = {(True, DEFAULT_SCALE): [], (False, DEFAULT_SCALE): []}
+    for p in params:
+        by_key.setdefault((decay[id(p)], scales[id(p)]), []).append(p)
+    groups = []
+    for (decays_, scale), members in by_key.items():
+        if not members:
+            continue
+        group = {"params": members, "weight_decay": weight_decay * scale.weight_decay if decays_ else 0.0}
+        if not scale.is_default:
+            group.update(lr=lr * scale.lr, eps=eps * scale.eps)
+        groups.append(group)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:

@@ -37,6 +37,8 @@ class GPT(nn.Module):
         # Both matrices are (vocab, d): d_model is dim 1.
         self.stack.constrain(self.tok, Role.EMBEDDING, dim=1)
         self.stack.constrain(self.head, Role.HEAD, dim=1)
+        self.readout_multiplier = self.stack.output_multiplier
+        self.stack.parametrize(self)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab)."""
@@ -47,7 +49,10 @@ class GPT(nn.Module):
         x = self.tok(idx)
         if self.pos is not None:
             x = x + self.pos.weight[:T]
-        return self.logits(self.head(self.stack(x)))
+        h = self.stack(x)
+        if self.readout_multiplier is not None:
+            h = h * self.readout_multiplier
+        return self.logits(self.head(h))
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,

@@ -1,9 +1,10 @@
-"""One transformer stack for every task: attention and MLP sublayers wired through the three plugin kinds.
+"""One transformer stack for every task: attention and MLP sublayers wired through the plugin kinds.
 
 The block names no plugin. It asks the norm strategy for a module at every site, the residual type
-for a merge per sublayer, and the projection type for every matrix, and calls all of them
-unconditionally (a site a strategy does not use is an ``nn.Identity``). Adding a component never
-edits this file.
+for a merge per sublayer, the projection type for every matrix, and the parametrization for its
+multipliers (init, attention scale, residual branch, readout) and each parameter's optimizer scale, and
+calls all of them unconditionally (a site a strategy does not use is an ``nn.Identity``). Adding a
+component never edits this file.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 
 from arch_plugins import registry
 from arch_plugins.constraints import declare_unit_norm
+from arch_plugins.declarations import ROLE_KINDS, declare_optimizer_scale, parameter_roles
 from arch_plugins.interfaces import Concat, ResidualHistory, Role, Site, StackInfo
 from arch_plugins.stabilisers import with_stabilisers
 from lit.errors import ArchitectureError
@@ -37,6 +39,9 @@ class TransformerConfig:
         residual_options: options of the residual type.
         projection: projection type, one of the installed {projection}.
         projection_options: options of the projection type.
+        parametrization: how init, learning rates and multipliers follow width and depth, one of the installed
+            {parametrization} (sp: standard, the default).
+        parametrization_options: its base shape and options, e.g. {{base_width: 64}}.
     """
 
     d_model: int = 256
@@ -65,6 +70,8 @@ class TransformerConfig:
     residual_options: dict[str, Any] = field(default_factory=dict)
     projection: str = "linear"
     projection_options: dict[str, Any] = field(default_factory=dict)
+    parametrization: str = "sp"
+    parametrization_options: dict[str, Any] = field(default_factory=dict)
     # Stabilisers on top of whichever norm strategy (arch_plugins/stabilisers): QK-norm per head before RoPE
     # (Qwen3, Gemma 3), and cap * tanh(logits / cap) on the head's output (Gemma 2 uses 30). None: off.
     qk_norm: Literal["rmsnorm", "layernorm"] | None = None
@@ -94,23 +101,28 @@ def _site(norm, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.
     return norm.site(site, dim, layer, stack) or nn.Identity()
 
 
-def _init_std(cfg: TransformerConfig, role: str) -> float:
-    if cfg.depth_scaled_init and role in Role.WRITES_TO_STREAM:
-        return cfg.init_std / math.sqrt(2 * cfg.n_layers)
-    return cfg.init_std
+def _init_std(cfg: TransformerConfig, role: str, plugins: Plugins, stack: StackInfo) -> float:
+    parametrization = plugins.parametrization
+    std = cfg.init_std
+    if cfg.depth_scaled_init and role in Role.WRITES_TO_STREAM and parametrization.keeps_depth_scaled_init:
+        std = std / math.sqrt(2 * cfg.n_layers)
+    multiplier = parametrization.init_multiplier(role, ROLE_KINDS[role], stack)
+    return std if multiplier == 1.0 else std * multiplier
 
 
 class Plugins:
-    """The three components of one stack, instantiated from their names and options."""
+    """The components of one stack, instantiated from their names and options."""
 
     def __init__(self, cfg: TransformerConfig):
         self.norm = with_stabilisers(registry.create("norm", cfg.norm, cfg.norm_options), cfg.norm,
                                      qk_norm=cfg.qk_norm, qk_norm_eps=cfg.qk_norm_eps, logit_softcap=cfg.logit_softcap)
         self.residual = registry.create("residual", cfg.residual, cfg.residual_options)
         self.projection = registry.create("projection", cfg.projection, cfg.projection_options)
+        self.parametrization = registry.create("parametrization", cfg.parametrization, cfg.parametrization_options)
         # Where each component came from (package, version), for the run's provenance.
         self.specs = [registry.spec(kind, name) for kind, name in
-                      (("norm", cfg.norm), ("residual", cfg.residual), ("projection", cfg.projection))]
+                      (("norm", cfg.norm), ("residual", cfg.residual), ("projection", cfg.projection),
+                       ("parametrization", cfg.parametrization))]
 
 
 def _constrain(plugins: Plugins, module: nn.Module, role: str, axis: Literal["in", "out"]) -> None:
@@ -134,14 +146,17 @@ class Attention(nn.Module):
         self.n_heads, self.causal, self.dropout = cfg.n_heads, stack.causal, cfg.dropout
         roles = [Role.Q, Role.K, Role.V]
         self.qkv = proj.fused(d, [d, d, d], roles, layer, stack, bias=cfg.bias,
-                              init_std=_init_std(cfg, Role.Q))
+                              init_std=_init_std(cfg, Role.Q, plugins, stack))
         self.out = proj.linear(d, d, Role.ATTN_OUT, layer, stack, bias=cfg.bias,
-                               init_std=_init_std(cfg, Role.ATTN_OUT))
+                               init_std=_init_std(cfg, Role.ATTN_OUT, plugins, stack))
         _constrain(plugins, self.qkv, Role.Q, "in")
         _constrain(plugins, self.out, Role.ATTN_OUT, "out")
         self.qk_before_rope = plugins.norm.qk_before_rope(layer, stack)  # None: nothing before RoPE
         self.qk = plugins.norm.qk(layer, stack)  # None: no q/k normalisation after RoPE
         self.scale = plugins.norm.softmax_scale(layer, stack)
+        multiplier = plugins.parametrization.attention_multiplier(stack)
+        if multiplier != 1.0:
+            self.scale = (self.scale if self.scale is not None else stack.head_dim ** -0.5) * multiplier
         # Set only while a diagnostics probe runs (lit/diagnostics/probe.py): called with the q and k the
         # attention really uses (plugins applied), its scale and causality, since SDPA hides probabilities.
         self.inspect: Callable[[torch.Tensor, torch.Tensor, float, bool], None] | None = None
@@ -170,10 +185,11 @@ class MLP(nn.Module):
         d, hidden, proj = cfg.d_model, stack.mlp_hidden, plugins.projection
         self.gated, self.relu2 = cfg.mlp == "swiglu", cfg.mlp == "relu2"
         widths, roles = ([hidden, hidden], [Role.MLP_IN, Role.MLP_GATE]) if self.gated else ([hidden], [Role.MLP_IN])
-        self.up = proj.fused(d, widths, roles, layer, stack, bias=cfg.bias, init_std=_init_std(cfg, Role.MLP_IN))
+        self.up = proj.fused(d, widths, roles, layer, stack, bias=cfg.bias,
+                             init_std=_init_std(cfg, Role.MLP_IN, plugins, stack))
         self.hidden = _site(plugins.norm, Site.MLP_HIDDEN, sum(widths), layer, stack)
         self.down = proj.linear(hidden, d, Role.MLP_OUT, layer, stack, bias=cfg.bias,
-                                init_std=_init_std(cfg, Role.MLP_OUT))
+                                init_std=_init_std(cfg, Role.MLP_OUT, plugins, stack))
         _constrain(plugins, self.up, Role.MLP_IN, "in")
         _constrain(plugins, self.down, Role.MLP_OUT, "out")
 
@@ -198,7 +214,7 @@ class Block(nn.Module):
         self.attn_after_add = _site(norm, Site.ATTN_AFTER_ADD, d, layer, stack)
 
         self.mlp_in = _site(norm, Site.MLP_IN, d, layer, stack)
-        ffn = plugins.projection.ffn(layer, stack, bias=cfg.bias, init_std=_init_std(cfg, Role.FFN))
+        ffn = plugins.projection.ffn(layer, stack, bias=cfg.bias, init_std=_init_std(cfg, Role.FFN, plugins, stack))
         self.mlp = ffn if ffn is not None else MLP(cfg, stack, layer, plugins)
         if ffn is not None:
             _constrain(plugins, ffn, Role.FFN, "in")
@@ -210,9 +226,13 @@ class Block(nn.Module):
         rate = cfg.drop_path * layer / max(1, cfg.n_layers - 1)
         self.drop_path = DropPath(rate) if rate > 0 else nn.Identity()
         norm.bind(layer, self, stack)  # sites that read this block's weights (BHyT) find them now
+        # The parametrization's residual-branch multiplier (CompleteP's depth rule), on the branch as the merge
+        # receives it. None: none (not even a multiplication by 1, which would cost a kernel).
+        branch = plugins.parametrization.branch_multiplier(stack)
+        self.branch_multiplier = None if branch == 1.0 else branch
         # A merge may take over its sublayer's tail (out site, merge, after-add site) and run it fused; not
-        # when stochastic depth stands between the out site and the merge.
-        fusable = isinstance(self.drop_path, nn.Identity)
+        # when stochastic depth or a branch multiplier stands between the out site and the merge.
+        fusable = isinstance(self.drop_path, nn.Identity) and self.branch_multiplier is None
         self.attn_fused = fusable and self.attn_merge.fuse(self.attn_out, self.attn_after_add)
         self.mlp_fused = fusable and self.mlp_merge.fuse(self.mlp_out, self.mlp_after_add)
 
@@ -224,6 +244,8 @@ class Block(nn.Module):
             h, y = self.attn_merge.fused(h, y, history)
         else:
             y = self.drop_path(self.attn_out(y))
+            if self.branch_multiplier is not None:
+                y = y * self.branch_multiplier
             h = self.attn_after_add(self.attn_merge(h, y, history))
         history.states.append(h)
         history.branches.append(y)
@@ -234,6 +256,8 @@ class Block(nn.Module):
             h, y = self.mlp_merge.fused(h, y, history)
         else:
             y = self.drop_path(self.mlp_out(y))
+            if self.branch_multiplier is not None:
+                y = y * self.branch_multiplier
             h = self.mlp_after_add(self.mlp_merge(h, y, history))
         history.states.append(h)
         history.branches.append(y)
@@ -255,6 +279,12 @@ class TransformerStack(nn.Module):
         self.info = StackInfo(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.resolved_mlp_hidden(), causal)
         self.plugins = Plugins(cfg)
         norm = self.plugins.norm
+        try:
+            self.plugins.parametrization.check(self.info, norm=norm, residual=self.plugins.residual,
+                                               projection=self.plugins.projection)
+        except ValueError as exc:
+            raise ArchitectureError(f"parametrization {cfg.parametrization!r} with norm {cfg.norm!r}, residual "
+                                    f"{cfg.residual!r}, projection {cfg.projection!r}: {exc}") from exc
         self.rope = (RotaryEmbedding(self.info.head_dim, max_len, cfg.rope_base, cfg.rope_pct)
                      if cfg.positions == "rope" else None)
         self.embedding = _site(norm, Site.EMBEDDING, cfg.d_model, None, self.info)
@@ -275,6 +305,28 @@ class TransformerStack(nn.Module):
     @property
     def plugin_specs(self) -> list[registry.PluginSpec]:
         return self.plugins.specs
+
+    @property
+    def output_multiplier(self) -> float | None:
+        """What the task model multiplies its head's input by (muP's readout), None for nothing."""
+        multiplier = self.plugins.parametrization.output_multiplier(self.info)
+        return None if multiplier == 1.0 else multiplier
+
+    def parametrize(self, model: nn.Module) -> None:
+        """Let the parametrization re-initialise each parameter and declare its optimizer scale, asked by role, on
+        the whole task model (embedding and head included). Called once by the task model at the end of its
+        ``__init__``."""
+        parametrization = self.plugins.parametrization
+        inside = {id(p) for p in self.blocks.parameters()}
+        modules = dict(model.named_modules())
+        # A parametrization that routes on roles cannot guess an undeclared parameter's; SP reads none.
+        for parameter in parameter_roles(model, strict=parametrization.needs_roles):
+            with torch.no_grad():
+                parametrization.reinitialize(parameter, self.info)
+            scale = parametrization.optimizer_scale(parameter, self.info, in_blocks=id(parameter.param) in inside)
+            if scale is not None and not scale.is_default:
+                owner, _, attr = parameter.name.rpartition(".")
+                declare_optimizer_scale(modules[owner], attr, scale)
 
     def site(self, site: str, dim: int) -> nn.Module:
         """A model-level site for the task head (e.g. LOGITS), from this stack's norm strategy."""

@@ -87,6 +87,8 @@ class ViT(nn.Module):
         # the head reads them (dim 1).
         self.stack.constrain(self.patch, Role.EMBEDDING, dim=0)
         self.stack.constrain(self.head, Role.HEAD, dim=1)
+        self.readout_multiplier = self.stack.output_multiplier
+        self.stack.parametrize(self)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> logits (B, num_classes)."""
@@ -97,4 +99,6 @@ class ViT(nn.Module):
             x = x + self.pos_embed
         x = self.stack(x)
         pooled = x[:, 0] if self.pooling == "cls" else x.mean(dim=1)
+        if self.readout_multiplier is not None:
+            pooled = pooled * self.readout_multiplier
         return self.logits(self.head(pooled))

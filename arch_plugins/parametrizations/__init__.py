@@ -1,0 +1,1 @@
+"""Parametrizations: how init, per-role optimizer multipliers and the stack's multipliers follow width and depth."""

@@ -1,0 +1,148 @@
+"""Maximal update parametrization (muP) for Adam, and muP with the width-robust weight-decay rule.
+
+Rules (width multiplier m_d = d_model / base_width), in the form of Tensor Programs V's Table 8 as
+microsoft/mup (``MuAdam``, ``MuReadout``) and EleutherAI/nanoGPT-mup implement it:
+
+- hidden matrices (``Kind.HIDDEN``: q, k, v, attention out, MLP in/gate/out, a plugin's hidden tokens): init
+  variance divided by m_d (std by sqrt(m_d)) and Adam learning rate divided by m_d;
+- embeddings, head, gains, biases, scalars: init and learning rate unchanged;
+- readout: the head's input multiplied by ``output_multiplier / m_d`` (``MuReadout``), so the logits of a
+  bias-free head are;
+- attention logits: 1/head_dim instead of 1/sqrt(head_dim), written sqrt(base_head_dim)/head_dim so the base
+  shape's scale is SP's (microsoft/mup writes 8/d for d = 64).
+
+Two init options from microsoft/mup's coordinate-check advice, off by default (nanoGPT-mup uses neither): a
+zero-initialised query (attention starts uniform at every width) and a zero-initialised readout (the logits'
+init part, which shrinks like 1/sqrt(width) under the readout multiplier, is gone).
+"""
+
+from __future__ import annotations
+
+import math
+
+from arch_plugins.declarations import OptimizerScale
+from arch_plugins.interfaces import Kind, NormStrategy, Parametrization, ProjectionType, ResidualType, Role, StackInfo
+from arch_plugins.parametrizations.base_shape import known_rules, positive, width_multiplier
+
+MUP_RULES = ("hidden_init", "hidden_lr", "output_multiplier", "attention_scale")
+
+
+class MuP(Parametrization):
+    """muP for Adam: hidden init and lr / m_d, readout / m_d, attention 1/head_dim (width transfer).
+
+    Yang et al., "Tensor Programs V"; "Feature Learning in Infinite-Width Neural Networks":
+    width transfer of the learning rate from a model of width ``base_width``.
+
+    Options:
+        base_width: the width the hyperparameters were tuned at (None: the model's own, i.e. SP's numbers
+            except the attention rule, which is SP's at any base).
+        base_head_dim: the head size at the base width (None: base_width / n_heads, for models widened at a
+            fixed number of heads; set it when heads are added at a fixed head size).
+        output_multiplier: alpha_output, the readout's tunable constant (TP-V tunes it at the base shape).
+        readout_zero_init: start the head at zero (microsoft/mup's ``readout_zero_init``); an untied head only (a
+            tied head is the embedding, which keeps its init).
+        query_zero_init: start the query rows of the q|k|v projection at zero.
+        without: rules to leave out (an ablation, as nanoGPT-mup's ``sp_with_mup_*`` scripts):
+            ``hidden_init``, ``hidden_lr``, ``output_multiplier``, ``attention_scale``.
+
+    Weight decay is left as the recipe says (PyTorch's AdamW then decays hidden matrices by lr*lambda/m_d:
+    nanoGPT-mup's master branch does the same); ``mup_wd`` and ``completep`` scale it.
+
+    Composition: rules follow each parameter's kind, so a plugin's own parameters get the rule of the kind it
+    declares (a gain-like ``Kind.VECTOR`` keeps the base lr; a Pattention's key/value tokens are ``Kind.HIDDEN``
+    and get the hidden rules, which muP has not been derived for: unverified). A norm strategy's own attention
+    scale (QK-norm variants) is multiplied by the same sqrt(base_head_dim/head_dim). Norm strategies that keep
+    weights on the unit sphere (the hypersphere, nGPT) fix the weights' scale themselves: no muP rule is
+    defined there, and the combination is refused. The embedding's input multiplier (TP-V's alpha_input) is
+    not offered: it is 1.
+
+    Muon: muP's multipliers are derived for Adam. The stated rule for Muon on hidden matrices (Megatron-LM's
+    PR 3715) is no extra 1/m_d on the lr, the spectral scale sqrt(fan_out / fan_in) in place of Muon's
+    sqrt(max(1, fan_out/fan_in)), and the Adam rules above for everything Muon does not update.
+    """
+
+    rules = MUP_RULES
+    needs_roles = True
+
+    def __init__(self, base_width: int | None = None, base_head_dim: int | None = None,
+                 output_multiplier: float = 1.0, readout_zero_init: bool = False, query_zero_init: bool = False,
+                 without: list[str] | None = None):
+        positive("base_width", base_width)
+        self.readout_zero_init, self.query_zero_init = bool(readout_zero_init), bool(query_zero_init)
+        positive("base_head_dim", base_head_dim)
+        if not output_multiplier > 0:
+            raise ValueError(f"output_multiplier must be > 0, got {output_multiplier!r}")
+        self.base_width, self.base_head_dim, self.alpha_output = base_width, base_head_dim, float(output_multiplier)
+        self.without = known_rules(type(self).__name__, without or [], self.rules)
+
+    def uses(self, rule: str) -> bool:
+        return rule not in self.without
+
+    def check(self, stack: StackInfo, *, norm: NormStrategy, residual: ResidualType,
+              projection: ProjectionType) -> None:
+        if any(norm.constrains(role) for role in ("q", "attn_out", "mlp_in", "mlp_out", "embedding", "head")):
+            raise ValueError(f"{type(self).__name__} has no rule for a norm strategy that keeps weights on the unit "
+                             f"sphere (nGPT's own scaling); use parametrization sp with that norm")
+        if self.base_width is not None and self.base_head_dim is None and self.base_width % stack.num_heads:
+            raise ValueError(f"base_width={self.base_width} is not divisible by n_heads={stack.num_heads}; "
+                             f"set base_head_dim in parametrization_options")
+
+    def m_d(self, stack: StackInfo) -> float:
+        return width_multiplier(stack, self.base_width)
+
+    def init_multiplier(self, role: str, kind: str, stack: StackInfo) -> float:
+        if kind == Kind.HIDDEN and self.uses("hidden_init"):
+            return 1.0 / math.sqrt(self.m_d(stack))
+        return 1.0
+
+    def attention_multiplier(self, stack: StackInfo) -> float:
+        if not self.uses("attention_scale"):
+            return 1.0
+        base = self.base_head_dim or (self.base_width // stack.num_heads if self.base_width else stack.head_dim)
+        return math.sqrt(base / stack.head_dim)
+
+    def output_multiplier(self, stack: StackInfo) -> float:
+        if not self.uses("output_multiplier"):
+            return 1.0
+        return self.alpha_output / self.m_d(stack)
+
+    def reinitialize(self, parameter, stack: StackInfo) -> None:
+        if self.query_zero_init:
+            for role, start, stop in parameter.slices or ((parameter.role, 0, parameter.param.shape[0]),):
+                if role == Role.Q:
+                    parameter.param[start:stop].zero_()
+        if self.readout_zero_init and parameter.role == Role.HEAD:
+            parameter.param.zero_()
+
+    def optimizer_scale(self, parameter, stack: StackInfo, *, in_blocks: bool) -> OptimizerScale | None:
+        if parameter.kind == Kind.HIDDEN and self.uses("hidden_lr"):
+            return OptimizerScale(lr=1.0 / self.m_d(stack))
+        return None
+
+
+class MuPWeightDecay(MuP):
+    """muP with Fan et al.'s weight decay: hidden lambda * m_d**0.5, vector-like parameters no decay.
+
+    From "Robust Layerwise Scaling Rules by Proper Weight Decay
+    Tuning" (arXiv 2510.15262): hidden (matrix-like) parameters keep muP's lr/m_d and get weight decay
+    lambda * m_d**weight_decay_exponent; vector-like parameters (embeddings, head, gains, biases, scalars)
+    train at the base lr (Theta(1)) with no weight decay. The paper's rule is lambda proportional to sqrt(d)
+    (the exponent 0.5, the default), from matching the top singular value of each matrix across widths;
+    ``weight_decay_exponent: 1`` gives lambda proportional to d (lr*lambda constant in width: CompleteP's and
+    "independent" decay). All of muP's options and rules apply (``without`` also takes ``weight_decay``).
+    """
+
+    rules = (*MUP_RULES, "weight_decay")
+
+    def __init__(self, base_width: int | None = None, base_head_dim: int | None = None,
+                 output_multiplier: float = 1.0, readout_zero_init: bool = False, query_zero_init: bool = False,
+                 weight_decay_exponent: float = 0.5, without: list[str] | None = None):
+        super().__init__(base_width, base_head_dim, output_multiplier, readout_zero_init, query_zero_init, without)
+        self.weight_decay_exponent = float(weight_decay_exponent)
+
+    def optimizer_scale(self, parameter, stack: StackInfo, *, in_blocks: bool) -> OptimizerScale | None:
+        lr = 1.0 / self.m_d(stack) if parameter.kind == Kind.HIDDEN and self.uses("hidden_lr") else 1.0
+        if not self.uses("weight_decay"):
+            return OptimizerScale(lr=lr)
+        wd = self.m_d(stack) ** self.weight_decay_exponent if parameter.kind == Kind.HIDDEN else 0.0
+        return OptimizerScale(lr=lr, weight_decay=wd)

@@ -1,0 +1,1 @@
+"""Scale tools: the coordinate check of a parametrization (width and depth), in-process and fast."""

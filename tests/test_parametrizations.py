@@ -1,0 +1,261 @@
+"""The parametrization plugin kind: sp leaves every run as it was (bitwise), and each rule of mup, mup_wd and
+completep is the number its source gives, read through roles, in the GPT and the ViT."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from arch_plugins import registry
+from arch_plugins.declarations import (
+    DEFAULT_SCALE,
+    OptimizerScale,
+    UndeclaredRoleError,
+    declare_optimizer_scale,
+    optimizer_scales,
+    parameter_roles,
+)
+from arch_plugins.interfaces import Kind, Parametrization, Role
+from lit.errors import ArchitectureError
+from lit.models.gpt import GPT
+from lit.models.transformer import TransformerConfig
+from lit.models.vit import VIT_ARCH, ViT
+from lit.optim import ADAM_EPS, adamw
+
+LR, WD = 1e-2, 0.1
+
+
+def gpt(parametrization: str = "sp", d: int = 64, layers: int = 2, **options) -> GPT:
+    torch.manual_seed(0)
+    return GPT(65, 16, TransformerConfig(d_model=d, n_layers=layers, n_heads=2, parametrization=parametrization,
+                                         parametrization_options=options))
+
+
+def group_of(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict:
+    return next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+
+
+def digest(model: nn.Module, inputs: list[torch.Tensor]) -> str:
+    optimizer = adamw(model, LR, WD, (0.9, 0.95))
+    for x in inputs:
+        loss = model(x).float().logsumexp(-1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+# Computed with the code before the parametrization kind existed (main at c82b6c2), same script.
+GOLDEN = {"gpt": "0d98da2d4dd185fd", "vit": "8f96d5d082d54e5a"}
+
+
+def test_sp_is_bitwise_what_runs_were_before():
+    torch.manual_seed(0)
+    model = GPT(65, 16, TransformerConfig(d_model=32, n_layers=2, n_heads=2))
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randint(0, 65, (2, 16), generator=g) for _ in range(3)]
+    assert digest(model, xs) == GOLDEN["gpt"]
+    torch.manual_seed(0)
+    vit = ViT(10, 8, 4, 1, dataclasses.replace(VIT_ARCH, d_model=32, n_layers=2, n_heads=2))
+    images = [torch.randn(2, 1, 8, 8, generator=g) for _ in range(3)]
+    assert digest(vit, images) == GOLDEN["vit"]
+
+
+def test_sp_optimizer_has_the_two_groups_of_before():
+    model = gpt()
+    groups = adamw(model, LR, WD, (0.9, 0.95)).param_groups
+    assert [g["weight_decay"] for g in groups] == [WD, 0.0]
+    assert all(g["lr"] == LR and g["eps"] == ADAM_EPS for g in groups)
+    assert all(s.is_default for s in optimizer_scales(model).values())
+    assert model.readout_multiplier is None and all(b.branch_multiplier is None for b in model.stack.blocks)
+    assert all(b.attn.scale is None for b in model.stack.blocks)
+
+
+def test_mup_rules_by_role():
+    base, d = 32, 128
+    model = gpt("mup", d=d, base_width=base)
+    m_d = d / base
+    optimizer = adamw(model, LR, WD, (0.9, 0.95))
+    for p in parameter_roles(model):
+        group = group_of(optimizer, p.param)
+        assert group["lr"] == pytest.approx(LR / m_d if p.kind == Kind.HIDDEN else LR), p.name
+        assert group["eps"] == ADAM_EPS
+        assert group["weight_decay"] == (WD if p.kind in (Kind.HIDDEN, Kind.EMBEDDING, Kind.HEAD) else 0.0)
+    # Hidden init std 0.02 / sqrt(m_d) (the stream writers also keep GPT-2's 1/sqrt(2 n_layers)).
+    block = model.stack.blocks[0]
+    assert block.attn.qkv.weight.std().item() == pytest.approx(0.02 / math.sqrt(m_d), rel=0.05)
+    assert block.attn.out.weight.std().item() == pytest.approx(0.02 / math.sqrt(m_d) / math.sqrt(4), rel=0.05)
+    assert model.tok.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.head.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    head_dim, base_head_dim = d // 2, base // 2
+    assert block.attn.scale == pytest.approx(math.sqrt(base_head_dim) / head_dim)
+    assert model.readout_multiplier == pytest.approx(1 / m_d)
+
+
+def test_mup_at_its_base_width_is_sp_but_for_nothing():
+    """At the base shape every multiplier is 1: the model is SP's (the same init, the same groups)."""
+    sp, mup = gpt("sp", d=64), gpt("mup", d=64, base_width=64)
+    assert all(torch.equal(a, b) for a, b in zip(sp.parameters(), mup.parameters(), strict=True))
+    assert mup.readout_multiplier is None and mup.stack.blocks[0].attn.scale is None
+
+
+def test_mup_zero_init_options():
+    model = gpt("mup", d=64, base_width=32, readout_zero_init=True, query_zero_init=True)
+    qkv = model.stack.blocks[0].attn.qkv.weight
+    assert torch.all(qkv[:64] == 0) and torch.all(qkv[64:] != 0)
+    assert torch.all(model.head.weight == 0)
+
+
+def test_mup_wd_rules():
+    base, d = 32, 128
+    model = gpt("mup_wd", d=d, base_width=base)
+    optimizer = adamw(model, LR, WD, (0.9, 0.95))
+    for p in parameter_roles(model):
+        group = group_of(optimizer, p.param)
+        if p.kind == Kind.HIDDEN:
+            assert group["lr"] == pytest.approx(LR * base / d)
+            assert group["weight_decay"] == pytest.approx(WD * math.sqrt(d / base))  # Fan et al.: lambda ~ sqrt(d)
+        else:
+            assert group["lr"] == LR and group["weight_decay"] == 0.0, p.name
+    linear = gpt("mup_wd", d=d, base_width=base, weight_decay_exponent=1.0)
+    hidden = linear.stack.blocks[0].attn.qkv.weight
+    assert group_of(adamw(linear, LR, WD, (0.9, 0.95)), hidden)["weight_decay"] == pytest.approx(WD * d / base)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_completep_rules(alpha):
+    base_w, d, base_l, layers = 32, 64, 2, 8
+    model = gpt("completep", d=d, layers=layers, base_width=base_w, base_depth=base_l, alpha=alpha)
+    m_d, m_l = d / base_w, layers / base_l
+    optimizer = adamw(model, LR, WD, (0.9, 0.95))
+    inside = {id(p) for p in model.stack.blocks.parameters()}
+    for p in parameter_roles(model):
+        group = group_of(optimizer, p.param)
+        assert group["eps"] == pytest.approx(ADAM_EPS / m_d * m_l ** -alpha), p.name
+        if p.kind == Kind.HIDDEN:
+            assert group["lr"] == pytest.approx(LR / m_d * m_l ** (alpha - 1))
+            assert group["weight_decay"] == pytest.approx(WD * m_d)
+        elif id(p.param) in inside:
+            assert group["lr"] == pytest.approx(LR * m_l ** (alpha - 1)) and group["weight_decay"] == 0.0
+        else:  # embedding, final norm, head
+            assert group["lr"] == pytest.approx(LR), p.name
+    assert all(b.branch_multiplier == pytest.approx(m_l ** -alpha) for b in model.stack.blocks)
+    # The branch multiplier replaces GPT-2's depth-scaled init of the stream writers.
+    out = model.stack.blocks[0].attn.out.weight
+    assert out.std().item() == pytest.approx(0.02 / math.sqrt(m_d), rel=0.05)
+
+
+def test_completep_branch_multiplier_scales_what_the_merge_adds():
+    model = gpt("completep", d=32, layers=4, base_width=32, base_depth=1)
+    block = model.stack.blocks[0]
+    seen = []
+    block.attn_merge.register_forward_hook(lambda m, args, out: seen.append((args[0], args[1], out)))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    h, branch, out = seen[0]
+    assert torch.allclose(out, h + branch)
+    raw = []
+    block.attn.register_forward_hook(lambda m, args, out: raw.append(out))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    assert torch.allclose(branch, raw[0] * 0.25)
+
+
+def test_vit_takes_a_parametrization():
+    arch = dataclasses.replace(VIT_ARCH, d_model=64, n_layers=2, n_heads=2, parametrization="completep",
+                               parametrization_options={"base_width": 32, "base_depth": 1})
+    vit = ViT(10, 8, 4, 1, arch)
+    assert vit(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+    optimizer = adamw(vit, LR, WD, (0.9, 0.95))
+    assert group_of(optimizer, vit.stack.blocks[0].attn.qkv.weight)["lr"] == pytest.approx(LR / 2 * 2 ** 0)
+    assert group_of(optimizer, vit.patch.weight)["lr"] == LR
+    assert vit.readout_multiplier == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("name", ["mup", "mup_wd", "completep"])
+def test_hypersphere_is_refused_in_one_line(name):
+    with pytest.raises(ArchitectureError, match="unit sphere") as info:
+        GPT(65, 16, TransformerConfig(d_model=32, n_layers=2, n_heads=2, norm="hypersphere", residual="ngpt",
+                                      parametrization=name, parametrization_options={"base_width": 16}))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("norm,residual", [("perinorm", "add"), ("rmsnorm", "laurel_rw"), ("postnorm", "add"),
+                                           ("dyt", "hyperconn")])
+def test_completep_composes_with_norms_and_residuals(norm, residual):
+    model = GPT(65, 16, TransformerConfig(d_model=32, n_layers=2, n_heads=2, norm=norm, residual=residual,
+                                          parametrization="completep",
+                                          parametrization_options={"base_width": 16, "base_depth": 1}))
+    logits = model(torch.zeros(1, 8, dtype=torch.long))
+    logits.float().mean().backward()
+    assert torch.isfinite(logits).all()
+    adamw(model, LR, WD, (0.9, 0.95))  # every parameter has a role, hence a rule
+
+
+def test_an_undeclared_parameter_is_an_error_under_mup_not_under_sp():
+    for name, error in (("sp", None), ("mup", UndeclaredRoleError)):
+        holder = nn.Module()
+        holder.model = gpt(name)
+        holder.extra = nn.Parameter(torch.ones(3, 3))  # nobody declared what it is
+        if error is None:
+            holder.model.stack.parametrize(holder)
+        else:
+            with pytest.raises(error, match="has no role"):
+                holder.model.stack.parametrize(holder)
+
+
+def test_bad_options_are_one_line_errors():
+    with pytest.raises(registry.PluginError, match="base_width must be a positive integer"):
+        gpt("mup", base_width=0)
+    with pytest.raises(registry.PluginError, match="no rule nope"):
+        gpt("mup", without=["nope"])
+    with pytest.raises(registry.PluginError, match="has no option 'base_depth'"):
+        gpt("mup", base_depth=2)
+
+
+def test_a_third_party_parametrization_registers_and_applies():
+    class HalfHiddenLR(Parametrization):
+        """Halves the learning rate of hidden matrices."""
+
+        def optimizer_scale(self, parameter, stack, *, in_blocks):
+            return OptimizerScale(lr=0.5) if parameter.kind == Kind.HIDDEN else None
+
+    registry.register("parametrization", "half_hidden_lr", HalfHiddenLR)
+    try:
+        model = gpt("half_hidden_lr")
+        optimizer = adamw(model, LR, WD, (0.9, 0.95))
+        assert group_of(optimizer, model.stack.blocks[0].mlp.up.weight)["lr"] == LR / 2
+        assert group_of(optimizer, model.tok.weight)["lr"] == LR
+    finally:
+        registry.unregister("parametrization", "half_hidden_lr")
+
+
+def test_optimizer_scales_compose_and_tied_owners_must_agree():
+    model = gpt("mup", d=64, base_width=32)
+    declare_optimizer_scale(model.stack.blocks[0].mlp.up, "weight", lr=3.0, eps=2.0)
+    scale = optimizer_scales(model)[id(model.stack.blocks[0].mlp.up.weight)]
+    assert scale == OptimizerScale(lr=1.5, eps=2.0)
+    assert optimizer_scales(model)[id(model.tok.weight)] == DEFAULT_SCALE
+    with pytest.raises(ValueError, match="must be > 0"):
+        OptimizerScale(lr=0.0)
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    b.weight = a.weight
+    declare_optimizer_scale(a, "weight", lr=2.0)
+    declare_optimizer_scale(b, "weight", lr=3.0)
+    with pytest.raises(ValueError, match="tied weights must agree"):
+        optimizer_scales(nn.Sequential(a, b))
+
+
+def test_roles_drive_the_rules_not_names():
+    """A hidden matrix declared under another role name of the hidden kind gets the hidden rule."""
+    model = gpt("mup", d=64, base_width=32)
+    hidden = {p.name for p in parameter_roles(model) if p.kind == Kind.HIDDEN}
+    assert hidden and all(optimizer_scales(model)[id(p.param)].lr == 0.5 for p in parameter_roles(model)
+                          if p.name in hidden)
+    assert Role.GAIN not in {p.role for p in parameter_roles(model) if p.name in hidden}
