@@ -29,12 +29,12 @@ def adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, 
     for p in params:
         by_key.setdefault((decay[id(p)], scales[id(p)]), []).append(p)
     groups = []
-    for (decays_, scale), members in by_key.items():
+    for (decays_, multipliers), members in by_key.items():
         if not members:
             continue
-        group = {"params": members, "weight_decay": weight_decay * scale.weight_decay if decays_ else 0.0}
-        if not scale.is_default:
-            group.update(lr=lr * scale.lr, eps=eps * scale.eps)
+        group = {"params": members, "weight_decay": weight_decay * multipliers.weight_decay if decays_ else 0.0}
+        if not multipliers.is_default:
+            group.update(lr=lr * multipliers.lr, eps=eps * multipliers.eps)
         groups.append(group)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 

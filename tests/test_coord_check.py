@@ -1,0 +1,111 @@
+"""The coordinate check tells a parametrization that transfers from one that does not, and misses no rule.
+
+Calibrated on these sizes (2 CPU cores; docs/scale/parametrizations.md gives the numbers): GPT, 2 layers,
+2 heads, GELU (hidden width exactly 4 d_model), 10 Adam steps at lr 1e-3, batches of 8 x 32 characters.
+- width, muP: widths 32..256, 3 seeds: every slope within +-0.1 (measured max |slope| 0.08).
+- width, SP and each muP rule left out: widths 32..128, 1 seed: some slope >= 0.3 (measured >= 0.66; muP's own
+  noise at that size is up to 0.2, so 0.3 cannot be reached by noise alone).
+- depth, CompleteP (base depth 2): depths 4, 8, 16 at width 32, 2 seeds: every slope within +-0.2 (wider than
+  the width check's band: the residual stream's slope is -0.13 (RMS) and -0.145 (change) at this width; from
+  depth 2 the stream's slope is -0.24, a finite-depth effect of the shallowest model, so depth 2 is left out);
+  alpha = 0, the branch multiplier left out, and SP: some slope >= 0.3 (measured >= 0.6).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+import pytest
+import torch
+
+from lit.commands import main as cli
+from lit.data.text import CharTokenizer
+from lit.models.transformer import TransformerConfig
+from lit.scale.coord_check import CoordCheckSetup, coord_check
+from tests.conftest import REPO
+
+MUP_RULES = ("hidden_init", "hidden_lr", "output_multiplier", "attention_scale")
+
+
+@cache
+def corpus() -> tuple[torch.Tensor, int]:
+    text = resources.files("lit.data").joinpath("tinyshakespeare.txt").read_text(encoding="utf-8")
+    tokenizer = CharTokenizer(text)
+    return torch.tensor(tokenizer.encode(text)), tokenizer.vocab_size
+
+
+def setup(parametrization: str, d_model: int = 32, n_layers: int = 2, **options) -> CoordCheckSetup:
+    tokens, vocab = corpus()
+    arch = TransformerConfig(d_model=d_model, n_layers=n_layers, n_heads=2, mlp="gelu",
+                             parametrization=parametrization, parametrization_options=options)
+    return CoordCheckSetup(arch, tokens, vocab, block_size=32, batch_size=8, lr=1e-3, steps=10)
+
+
+def worst(check) -> float:
+    return max(abs(s) for s in check.slopes().values())
+
+
+MUP = {"base_width": 32, "readout_zero_init": True}
+COMPLETEP = {**MUP, "base_depth": 2}
+
+
+def test_mup_width_slopes_are_flat():
+    check = coord_check(setup("mup", **MUP), widths=[32, 64, 128, 256], seeds=range(3))
+    assert worst(check) <= 0.1, check.slopes()
+
+
+def test_sp_width_slopes_are_not():
+    check = coord_check(setup("sp"), widths=[32, 64, 128], seeds=[0])
+    assert max(check.slopes().values()) >= 0.3, check.slopes()
+
+
+@pytest.mark.parametrize("rule", MUP_RULES)
+def test_leaving_out_any_mup_rule_fails_the_width_check(rule):
+    check = coord_check(setup("mup", **MUP, without=[rule]), widths=[32, 64, 128], seeds=[0])
+    assert worst(check) >= 0.3, check.slopes()
+
+
+def test_completep_depth_slopes_are_flat():
+    check = coord_check(setup("completep", **COMPLETEP), depths=[4, 8, 16], seeds=range(2))
+    assert worst(check) <= 0.2, check.slopes()
+
+
+@pytest.mark.parametrize("parametrization,options", [
+    ("completep", {**COMPLETEP, "alpha": 0.0}),
+    ("completep", {**COMPLETEP, "without": ["branch_multiplier"]}),
+    ("sp", {}),
+], ids=["alpha0", "no_branch_multiplier", "sp"])
+def test_the_depth_check_fails_without_the_depth_rule(parametrization, options):
+    check = coord_check(setup(parametrization, **options), depths=[4, 8, 16], seeds=[0])
+    assert worst(check) >= 0.3, check.slopes()
+
+
+def test_coord_check_command_end_to_end(tmp_path, capsys):
+    code = cli_code(["coord-check", "--config", str(REPO / "recipes" / "gpt_mup.yaml"), "--widths", "32,64",
+                     "--steps", "2", "--seeds", "1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code in (0, 1)
+    assert "attn_logits" in out and "slope" in out
+    assert (tmp_path / "coord_check.png").stat().st_size > 0 and (tmp_path / "slopes.txt").is_file()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--config", "nope.yaml", "--widths", "32,64"], "not found"),
+    (["--config", str(REPO / "recipes" / "vit_baseline.yaml"), "--widths", "32,64"], "not a GPT recipe"),
+    (["--config", str(REPO / "recipes" / "gpt_mup.yaml"), "--widths", "64,32"], "increasing"),
+    (["--config", str(REPO / "recipes" / "gpt_mup.yaml"), "--widths", "32,64", "--parametrization", "mpu"],
+     "did you mean 'mup'"),
+])
+def test_bad_input_is_one_error_line(argv, message, capsys):
+    assert cli_code(["coord-check", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and err.count("\n") == 1
+
+
+def cli_code(argv: list[str]) -> int:
+    try:
+        result = cli(argv)
+    except SystemExit as done:
+        return int(done.code)
+    return 0 if result in (None, 0) else int(result)
