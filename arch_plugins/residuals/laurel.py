@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from arch_plugins.diagnostics import declare_diagnostic
+from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualType, StackInfo
 from arch_plugins.registry import PluginError
 from arch_plugins.residuals.add import Add
@@ -192,6 +193,10 @@ class LaurelRW(LaurelResidual):
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
 
+    # alpha = beta = 1 at init. Around a sublayer that is the float sum `add` takes; around a block the branch is
+    # rebuilt from the stream, (h - x) + y, so only rounding separates them.
+    init_identities = (InitIdentity("add", {"placement": "sublayer"}), InitIdentity("add", exact=False))
+
     def __init__(self, weights: str = "softmax", placement: str = "block"):
         super().__init__(weights=weights, placement=placement)
 
@@ -204,6 +209,9 @@ class LaurelLR(LaurelResidual):
         a_init: ``structured`` (the paper's LLMs) or ``xavier`` (its ResNet).
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
+
+    # The up-projection B starts at zero, so the low-rank term adds nothing.
+    init_identities = (InitIdentity("add"),)
 
     def __init__(self, rank: int = 32, a_init: str = "structured", placement: str = "block"):
         super().__init__(rank=rank, a_init=a_init, placement=placement)
@@ -219,6 +227,9 @@ class LaurelPA(LaurelResidual):
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
 
+    # The previous-activation weights start at zero.
+    init_identities = (InitIdentity("add"),)
+
     def __init__(self, previous: int = 3, rank: int | None = None, a_init: str = "structured",
                  placement: str = "block"):
         super().__init__(previous=previous, rank=rank, a_init=a_init, placement=placement)
@@ -233,6 +244,10 @@ class LaurelRWLR(LaurelResidual):
         a_init: ``structured`` or ``xavier``.
         placement: ``block`` or ``sublayer``.
     """
+
+    # alpha = beta = 1 at init. Around a sublayer that is the float sum `add` takes; around a block the branch is
+    # rebuilt from the stream, (h - x) + y, so only rounding separates them.
+    init_identities = (InitIdentity("add", {"placement": "sublayer"}), InitIdentity("add", exact=False))
 
     def __init__(self, weights: str = "softmax", rank: int = 32, a_init: str = "structured",
                  placement: str = "block"):
@@ -251,6 +266,10 @@ class LaurelRWLRPA(LaurelResidual):
         combination: ``eq6`` (the paper's eq. (6), gamma init 1) or ``legacy``
             (alpha f + beta sum_j gamma_j (I + B_j A_j) x_{i-j}, gamma init (1, 0, ...)).
     """
+
+    # alpha = beta = 1 at init. Around a sublayer that is the float sum `add` takes; around a block the branch is
+    # rebuilt from the stream, (h - x) + y, so only rounding separates them.
+    init_identities = (InitIdentity("add", {"placement": "sublayer"}), InitIdentity("add", exact=False))
 
     def __init__(self, weights: str = "softmax", rank: int = 32, previous: int = 3, a_init: str = "structured",
                  placement: str = "block", combination: str = "eq6"):
