@@ -83,8 +83,9 @@ def differing(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> l
 def listing(s: Subject) -> None:
     """A docstring whose first line describes it, and options that build it by name alone, as `plugins NAME` shows."""
     cls = registry.load(s.kind, s.name)
-    doc = (inspect.getdoc(cls) or "").strip()
-    assert doc, f"{cls.__qualname__} has no docstring: its first line is the plugin's description in the listing"
+    # The class's own docstring, not one inherited from its base: the listing reads it from the source.
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    assert doc, f"{cls.__name__} has no docstring: its first line is the plugin's description in the listing"
     details = catalogue.details(s.kind, s.name)
     if details.options is not None:
         hints = typing.get_type_hints(cls.__init__)  # raises on an annotation that does not resolve
