@@ -6,8 +6,8 @@ import math
 
 from torch import nn
 
-from arch_plugins.interfaces import NormStrategy, Site, StackInfo
 from arch_plugins.init_identity import InitIdentity
+from arch_plugins.interfaces import NormStrategy, Site, StackInfo
 from arch_plugins.norms.prenorm import base_norm
 
 

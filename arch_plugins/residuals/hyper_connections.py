@@ -32,8 +32,8 @@ import math
 import torch
 from torch import nn
 
-from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualStream, ResidualType, StackInfo
 from arch_plugins.init_identity import InitIdentity
+from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualStream, ResidualType, StackInfo
 from arch_plugins.weight_decay import declare_weight_decay
 
 

@@ -210,8 +210,8 @@ class LaurelLR(LaurelResidual):
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
 
-    # The up-projection B starts at zero, so the low-rank term adds nothing.
-    init_identities = (InitIdentity("add"),)
+    # The up-projection B starts at zero, so the low-rank term adds nothing, whatever A's init or the placement.
+    init_identities = (InitIdentity("add"), InitIdentity("add", {"placement": "sublayer", "a_init": "xavier"}))
 
     def __init__(self, rank: int = 32, a_init: str = "structured", placement: str = "block"):
         super().__init__(rank=rank, a_init=a_init, placement=placement)
@@ -227,8 +227,8 @@ class LaurelPA(LaurelResidual):
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
 
-    # The previous-activation weights start at zero.
-    init_identities = (InitIdentity("add"),)
+    # gamma starts at (1, 0, ...) and every B_j at zero: the carry is the current stream alone, as in `add`.
+    init_identities = (InitIdentity("add"), InitIdentity("add", {"placement": "sublayer", "rank": 4}))
 
     def __init__(self, previous: int = 3, rank: int | None = None, a_init: str = "structured",
                  placement: str = "block"):

@@ -20,7 +20,10 @@ def table(results: list[Result]) -> str:
     header = ("KIND", "NAME", "CHECK", "RESULT", "SECONDS", "DETAIL")
     rows = [header] + [(r.kind, r.name, r.check, r.status.upper(), f"{r.seconds:.2f}", r.detail) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths)) + "  " + row[5] for row in rows)
+    lines = []
+    for row in rows:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row[:5], widths, strict=True)) + "  " + row[5])
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
