@@ -15,13 +15,19 @@ from arch_plugins.residuals.add import Add, AddResidual
 from arch_plugins.testing import CHECKS, Size, Skipped, check, conformance_cases
 from arch_plugins.testing.__main__ import main
 from arch_plugins.testing.stacks import stacks
+from lit.models import conformance
 
 SMALL = Size(d_model=24, n_heads=3, n_layers=2)
 
 
 @pytest.fixture(scope="module")
 def gpt_only():
-    return {"gpt": stacks()["gpt"]}
+    return {"gpt": conformance.gpt}
+
+
+def test_arch_lab_registers_its_stacks_for_the_kit():
+    # Fails with "reinstall arch-lab" when the installed metadata predates the entry points.
+    assert stacks() == {"gpt": conformance.gpt, "vit": conformance.vit}
 
 
 @pytest.fixture
