@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from arch_plugins.testing import CHECKS, Size, Skipped, check, conformance_cases
 from arch_plugins.testing.__main__ import main
 from arch_plugins.testing.stacks import stacks
 from lit.models import conformance
+from tests.conftest import subprocess_env
 
 SMALL = Size(d_model=24, n_heads=3, n_layers=2)
 
@@ -201,3 +204,13 @@ def test_command_line_table_and_exit_codes(capsys, register):
         main([])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.startswith("error: name a plugin (KIND NAME) or pass --all")
+
+
+def test_the_kit_imports_neither_lit_nor_lightning():
+    # arch_plugins is the floor of the house: the kit finds the model stacks through entry points instead.
+    code = ("import sys, arch_plugins.testing, arch_plugins.testing.distributed, arch_plugins.testing.__main__; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'lit', 'lightning', 'pytorch_lightning'}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=subprocess_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
