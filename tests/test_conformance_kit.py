@@ -173,11 +173,20 @@ def test_train_eval_catches_state_that_eval_changes(register, gpt_only):
     assert status == "fail" and "two eval passes on one batch differ" in detail
 
 
+# Options under which the statistics reach the output and the gradients at once (BatchNorm's affine off zero, RepBN's
+# alpha mixing in, the transition under way), and BHyT's c_attn recomputed after the weights have moved.
+PREPBN = {"alpha_init": 0.5, "bn_zero_init": False, "transition_steps": 2}
+
+
 def test_distributed_catches_unsynchronised_batch_statistics(gpt_only):
+    assert outcome("norm", "prepbn", "distributed", gpt_only, options=PREPBN) == ("pass", "")
     # PRepBN's own option: each rank then normalises by its half of the batch, and the statistics part.
-    assert outcome("norm", "prepbn", "distributed", gpt_only) == ("pass", "")
-    status, detail = outcome("norm", "prepbn", "distributed", gpt_only, options={"sync": False})
+    status, detail = outcome("norm", "prepbn", "distributed", gpt_only, options={**PREPBN, "sync": False})
     assert status == "fail" and "is not one process's on the whole batch" in detail
+
+
+def test_distributed_bhyt_refresh_agrees_across_ranks(gpt_only):
+    assert outcome("norm", "bhyt", "distributed", gpt_only, options={"refresh_every": 1}) == ("pass", "")
 
 
 def test_a_stateless_plugin_skips_the_distributed_check_under_pytest(gpt_only):
