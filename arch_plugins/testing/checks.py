@@ -37,7 +37,10 @@ class Subject:
     def build(self, stack: str, seed: int, name: str | None = None, options: Mapping[str, Any] | None = None) -> Built:
         """The plugin (or ``name`` of the same kind) in ``stack``, every other component at its default."""
         torch.manual_seed(seed)
-        chosen = (name or self.name, dict(self.options if options is None else options))
+        name = name or self.name
+        # Options a plugin states it needs in a stack that its defaults refuse (3PT's position profile in an encoder).
+        needed = getattr(registry.load(self.kind, name), "stack_options", {}).get(stack, {})
+        chosen = (name, {**needed, **dict(self.options if options is None else options)})
         try:
             return self.stacks[stack]({self.kind: chosen}, self.size)
         except KindNotTaken as exc:
