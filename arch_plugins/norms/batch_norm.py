@@ -26,6 +26,18 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
     return all_reduce(t)
 
 
+def sum_across_processes(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the data-parallel processes, outside autograd: for statistics that custom backward
+    passes (UN's, PowerNorm's) read and never differentiate. ``t`` itself when not distributed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return t
+    t = t.detach().clone()
+    dist.all_reduce(t)
+    return t
+
+
 class SyncTokenBatchNorm(nn.Module):
     """BatchNorm of (..., C) inputs over all leading dims and all processes; affine gamma, beta."""
 
