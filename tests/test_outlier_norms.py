@@ -111,6 +111,9 @@ def test_un_matches_its_reference_step_by_step(filtration):
         torch.testing.assert_close(un.buffer_x2, ref.buf_x2)
     assert int(un.skip_counter) == ref.skips and (ref.skips > 0) == filtration
     assert ref.smoothed and ref.compensated  # the window's geometric mean and r != 1 were both exercised
+    un.eval()  # inference: the running variance alone
+    x = torch.randn(2, 4, C)
+    torch.testing.assert_close(un(x), un.weight * x / (ref.running_var.flatten() + 1e-5).sqrt() + un.bias)
 
 
 def test_un_backward_is_the_approximation_not_autograd():
