@@ -1,4 +1,5 @@
-"""PRepBN's synchronised batch statistics and BHyT's refresh under DDP, 2 gloo processes (zoo_norms_worker.py)."""
+"""PRepBN's, UN's and PowerNorm's synchronised batch statistics and BHyT's refresh under DDP, 2 gloo processes
+(zoo_norms_worker.py)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,18 @@ def test_bhyt_refresh_gives_every_rank_the_single_process_c_attn(ranks):
     for key in single:
         torch.testing.assert_close(ranks[0]["bhyt"][key], ranks[1]["bhyt"][key], atol=0, rtol=0, msg=key)
         torch.testing.assert_close(ranks[0]["bhyt"][key], single[key], atol=1e-5, rtol=1e-4, msg=key)
+
+
+@pytest.mark.parametrize("kind, buffers", [("un", ("running_var", "ema_gz", "buffer_x2", "buffer_gz")),
+                                           ("powernorm", ("running_phi", "ema_gz"))])
+def test_un_and_powernorm_statistics_are_the_global_batchs_on_every_rank(ranks, kind, buffers):
+    """Forward statistics and the approximate backward's (ema_gz) both: each rank equals one process on the whole
+    batch, weights included."""
+    single = worker.train(kind)
+    stats = [k for k in single if k.endswith(buffers)]
+    assert len(stats) == 5 * len(buffers)  # 2 blocks x 2 sites + the final norm
+    initial = worker.build(kind).state_dict()
+    assert max((single[k].float() - initial[k].float()).abs().max().item() for k in stats) > 0.05
+    for rank in ranks:
+        for key, expected in single.items():
+            torch.testing.assert_close(rank[kind][key], expected, atol=1e-5, rtol=1e-4, msg=key)

@@ -1,11 +1,12 @@
-"""Trains a tiny GPT with PRepBN or BHyT for a few steps, data-parallel on 2 gloo processes or on one.
+"""Trains a tiny GPT with PRepBN, BHyT, UN or PowerNorm for a few steps, data-parallel on 2 gloo processes or on one.
 
 Run as a script by tests/test_zoo_norms_distributed.py (2 forked ranks under
 ``torch.nn.parallel.DistributedDataParallel``); the single-process reference is ``train(kind, world=1)``.
 Each rank trains on its own half of every global batch (different data per rank), so:
 
-- PRepBN's batch statistics are the global batch's only if they are synchronised (their all-reduce), and
-  then the running statistics and the weights equal one process's on the whole batch;
+- PRepBN's, UN's and PowerNorm's batch statistics are the global batch's only if they are synchronised (their
+  all-reduce; UN's and PowerNorm's backward statistics too), and then the running statistics and the weights equal
+  one process's on the whole batch;
 - BHyT's c_attn, recomputed from the weights on its schedule, is the same on every rank and equals one
   process's.
 
@@ -31,7 +32,10 @@ from lit.models.transformer import TransformerConfig  # noqa: E402
 
 VOCAB, T, BATCH, STEPS = 13, 8, 4, 4  # BATCH is the global batch; each of 2 ranks takes half
 KINDS = {"prepbn": {"alpha_init": 0.5, "bn_zero_init": False, "transition_steps": 4},
-         "bhyt": {"refresh_every": 2}}
+         "bhyt": {"refresh_every": 2},
+         # Past warmup within the 4 steps: window smoothing, compensation, filtration, the running statistic in use.
+         "un": {"warmup_iters": 1, "window_size": 2, "compensation_start": 1, "outlier_filtration": True},
+         "powernorm": {"warmup_iters": 2, "final_warmup_iters": 1}}
 
 
 def build(kind: str) -> GPT:

@@ -38,6 +38,17 @@ def sum_across_processes(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def processes() -> int:
+    """The number of data-parallel processes (1 when not distributed).
+
+    A statistic of the gradient summed across processes needs it: each process differentiates the mean loss of its
+    own share of the batch, so its per-token gradients are ``processes()`` times the whole batch's (the data-parallel
+    wrapper divides the summed parameter gradients by the same number)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 class SyncTokenBatchNorm(nn.Module):
     """BatchNorm of (..., C) inputs over all leading dims and all processes; affine gamma, beta."""
 

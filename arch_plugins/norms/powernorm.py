@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from arch_plugins.interfaces import NormStrategy, Site, StackInfo
-from arch_plugins.norms.batch_norm import sum_across_processes
+from arch_plugins.norms.batch_norm import processes, sum_across_processes
 
 BLOCK_SITES = (Site.ATTN_IN, Site.MLP_IN)
 
@@ -80,8 +80,11 @@ class _PowerFunction(torch.autograd.Function):
         pn = ctx.pn
         z, var, weight = ctx.saved_tensors
         g = grad_y * weight
-        approx = g - (1 - pn.alpha_bkw) * pn.ema_gz * z
-        pn.ema_gz += pn.reduce((approx * z).sum(dim=0)) / ctx.count
+        # ema_gz is kept at the whole batch's gradient scale, a process's own gradients are `world` times it (see
+        # ``processes``), so the buffer does not depend on the number of processes.
+        world = processes() if pn.sync else 1
+        approx = g - (1 - pn.alpha_bkw) * world * pn.ema_gz * z
+        pn.ema_gz += pn.reduce((approx * z).sum(dim=0)) / ctx.count / world
         gx = approx / torch.sqrt(var + pn.eps)
         return gx, (grad_y * z).sum(dim=0), grad_y.sum(dim=0), None
 

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from arch_plugins.interfaces import NormStrategy, Site, StackInfo
-from arch_plugins.norms.batch_norm import sum_across_processes
+from arch_plugins.norms.batch_norm import processes, sum_across_processes
 
 SITES = (Site.ATTN_IN, Site.MLP_IN, Site.FINAL)
 # The reference's clamp of the gradient-compensation ratio r (``un.py:63``).
@@ -85,14 +85,17 @@ class _UNFunction(torch.autograd.Function):
         un, it, skip, bp = ctx.un, ctx.it, ctx.skip, ctx.bp
         z, var, weight, r = ctx.saved_tensors
         g = grad_y * weight * r
-        gz = un.reduce((g * z).sum(dim=0)) / ctx.count
+        # Kept at the whole batch's gradient scale, so the buffers do not depend on the number of processes; a
+        # process's own gradients are `world` times that (see ``processes``).
+        world = processes() if un.sync else 1
+        gz = un.reduce((g * z).sum(dim=0)) / ctx.count / world
         un.buffer_gz[it % bp].copy_(un.ema_gz if skip else gz)
         if it <= bp or it < un.warmup_iters or skip:
             mean_gz = gz
         else:
             mean_gz = un.buffer_gz.mean(dim=0)
         un.ema_gz.copy_(un.ema_gz * un.momentum + (1 - un.momentum) * mean_gz)
-        approx = g - (mean_gz if skip else un.ema_gz) * z
+        approx = g - world * (mean_gz if skip else un.ema_gz) * z
         gx = approx / torch.sqrt(var + un.eps)
         return gx, (grad_y * r * z).sum(dim=0), grad_y.sum(dim=0), None
 
