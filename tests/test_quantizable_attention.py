@@ -150,3 +150,14 @@ def test_bad_gamma_from_the_command_line_is_one_error_line(capsys):
     assert e.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "gamma <= 0" in err[0], err
+
+
+def test_the_plugins_listing_names_the_stabilisers_by_their_real_fields():
+    import dataclasses
+
+    from lit.plugins_command import STABILISERS, listing
+
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    named = {name.strip() for names, _ in STABILISERS for name in names.split(",")}
+    assert {"clipped_softmax_gamma", "gated_attention"} <= named <= fields
+    assert "clipped softmax" in listing() and "gated attention" in listing()
