@@ -303,7 +303,8 @@ def test_osp_embedding_projection_sits_after_the_embedding_and_before_the_head()
 
 
 @pytest.mark.parametrize("norm", ["un", "powernorm", "ssnorm"])
-@pytest.mark.parametrize("residual", ["add", "laurel_rw", "hyperconn", "attnres_block"])
+@pytest.mark.parametrize("residual", ["add", "hyperconn", pytest.param("laurel_rw", marks=pytest.mark.slow),
+                                      pytest.param("attnres_block", marks=pytest.mark.slow)])
 def test_composes_with_residual_types(norm, residual):
     options = {"un": {"warmup_iters": 1, "window_size": 2}, "powernorm": {"warmup_iters": 1},
                "ssnorm": {"embedding_projection": True}}[norm]
