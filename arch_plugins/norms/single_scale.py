@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import NormStrategy, Site, StackInfo
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
+from arch_plugins.interfaces import Kind, NormStrategy, Role, Site, StackInfo
 
 SITES = (Site.ATTN_IN, Site.MLP_IN, Site.FINAL)
 
@@ -36,6 +36,7 @@ class SingleScaleRMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.scale = nn.Parameter(torch.ones(()))
+        declare_role(self, "scale", "single_scale_gain", kind=Kind.SCALAR, group="norms")
         declare_diagnostic(self, "scale")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +52,8 @@ def orthogonal_projection(dim: int) -> nn.Linear:
     linear = nn.Linear(dim, dim, bias=True)
     nn.init.orthogonal_(linear.weight)
     nn.init.zeros_(linear.bias)
+    declare_roles(linear, {"weight": "embedding_projection"}, kind=Kind.HIDDEN)
+    declare_roles(linear, {"bias": Role.BIAS})
     return linear
 
 

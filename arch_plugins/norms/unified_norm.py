@@ -38,7 +38,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from arch_plugins.interfaces import NormStrategy, Site, StackInfo
+from arch_plugins.declarations import declare_roles
+from arch_plugins.interfaces import NormStrategy, Role, Site, StackInfo
 from arch_plugins.norms.batch_norm import processes, sum_across_processes
 
 SITES = (Site.ATTN_IN, Site.MLP_IN, Site.FINAL)
@@ -115,6 +116,7 @@ class UnifiedNorm(nn.Module):
         self.compensation_start, self.sync = compensation_start, sync
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
+        declare_roles(self, {"weight": Role.GAIN, "bias": Role.BIAS})
         self.register_buffer("running_var", torch.ones(dim))
         self.register_buffer("ema_gz", torch.zeros(dim))
         self.register_buffer("iters", torch.zeros(1, dtype=torch.long))

@@ -23,6 +23,9 @@ import math
 import torch
 from torch import nn
 
+from arch_plugins.declarations import declare_role, declare_weight_decay
+from arch_plugins.interfaces import Kind, Role
+
 
 def logit(p: float) -> float:
     """The bias whose sigmoid is ``p``, clipped as the reference's ``logit`` (eps 1e-16)."""
@@ -41,6 +44,11 @@ class HeadGate(nn.Module):
         self.num_heads, self.head_dim, self.init = num_heads, head_dim, init
         self.weight = nn.Parameter(torch.empty(num_heads, head_dim))
         self.bias = nn.Parameter(torch.empty(num_heads))
+        # One small map per head from its own output to one gate: width-sized only through head_dim, so vector-like;
+        # it decays as the matrix it is stored as.
+        declare_role(self, "weight", "attention_gate", kind=Kind.VECTOR)
+        declare_weight_decay(self, "weight", True)
+        declare_role(self, "bias", Role.BIAS)
         bound = 1 / math.sqrt(head_dim)  # nn.Linear(head_dim, 1)'s init: weight and bias both U(-bound, bound)
         nn.init.uniform_(self.weight, -bound, bound)
         if init is None:
