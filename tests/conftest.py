@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -68,6 +69,25 @@ def workdir(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setattr(sys, "argv", ["cli.py"])
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """An initialised MLflow sqlite store with no runs. Creating one runs MLflow's schema migrations (seconds);
+    a test that only needs somewhere to log copies this file into its folder instead."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    folder = tmp_path_factory.mktemp("empty_store")
+    store = SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts"))
+    store.engine.dispose()
+    return folder / "mlflow.db"
+
+
+@pytest.fixture
+def workdir_with_store(workdir, empty_store):
+    """``workdir`` with an empty default store (./mlflow.db) already in it."""
+    shutil.copyfile(empty_store, workdir / "mlflow.db")
+    return workdir
 
 
 # Overrides that make any LM recipe tiny and fast (a handful of steps on CPU).
