@@ -149,13 +149,13 @@ def main(args: list[str] | None = None) -> LightningCLI | None:
     return _lightning_cli(args)
 
 
-def check_config(args: list[str]) -> None:
+def check_config(args: list[str]) -> LightningCLI:
     """Build what ``fit`` would (model, data, trainer) from ``args`` (no subcommand) and run nothing.
 
     A sweep checks each variant this way before it spends compute: a user error ends in one line and
-    exit code 2, as in ``fit``.
+    exit code 2, as in ``fit``. Returns the CLI, whose built objects say what the run would have (a test split).
     """
-    _lightning_cli(args, run=False)
+    return _lightning_cli(args, run=False)
 
 
 def _lightning_cli(args: list[str] | None, run: bool = True) -> LightningCLI:

@@ -74,10 +74,12 @@ def test_vary_makes_a_grid_and_variant_adds_to_the_recipe():
         find_baseline(grid, "model.arch.norm=dyt")
 
 
-def test_tuning_runs_come_first_and_the_first_seed_reuses_the_picked_run():
+def test_tuning_runs_come_first_and_the_old_rule_reuses_the_picked_run():
     from lit.sweep.grid import Tuning
 
     variants = build_variants(["model.arch.norm=rmsnorm,dyt"], [])
+    separate = build_children(variants, [7, 8], Tuning("model.lr", ["1e-3", "1e-2"], None, 6, False))
+    assert {c.seed for c in separate if c.phase == "tune"} == {6} and not any(c.reuse for c in separate)
     children = build_children(variants, [7, 8], Tuning("model.lr", ["1e-3", "1e-2"], None, 7, True))
     assert [c.phase for c in children] == ["tune"] * 4 + ["seed"] * 4
     assert [(c.variant, c.seed, c.reuse) for c in children if c.phase == "seed"] == [
@@ -88,14 +90,19 @@ def test_tuning_runs_come_first_and_the_first_seed_reuses_the_picked_run():
 
 # --- a real tiny sweep ---
 
+DIVERGING_LR = "1e37"  # the first update (the warmup's first non-zero step) makes the next loss overflow
+
+
 @pytest.fixture(scope="module")
 def tuned_sweep(tmp_path_factory):
-    """2 variants x 2 seeds, the learning rate tuned over 2 values, every step's batch recorded."""
+    """2 variants x 2 seeds, the learning rate tuned over 3 values (one diverges) on 3-step runs of a separate
+    tuning seed, every step's batch recorded."""
     cwd = tmp_path_factory.mktemp("sweep")
     record = cwd / "batches"
     record.mkdir()
     out = sweep(cwd, "--config", BASELINE, "--vary", "model.arch.norm=rmsnorm,layernorm", "--seeds", "2",
-                "--tune", "model.lr=1e-3,3e-2", "--parallel", "2", "--experiment", "tiny", *TINY,
+                "--tune", f"model.lr=1e-3,3e-2,{DIVERGING_LR}", "--tune_steps", "3", "--parallel", "2",
+                "--experiment", "tiny", *TINY,
                 "--trainer.callbacks+=tests.batch_recorder.RecordBatches",
                 env=subprocess_env(ARCH_LAB_RECORD_BATCHES=str(record)))
     batches = [json.loads(line) for f in record.glob("*.jsonl") for line in f.read_text().splitlines()]
@@ -111,10 +118,29 @@ def test_sweep_writes_one_parent_and_a_child_per_variant_seed_and_tuning_value(t
     proto = json.loads(Path(client.download_artifacts(parent.info.run_id, P.PROTOCOL_FILE, str(cwd))).read_text())
     assert [v["label"] for v in proto["variants"]] == ["norm=rmsnorm", "norm=layernorm"]
     assert proto["seeds"] == [1337, 1338] and proto["baseline"] == "norm=rmsnorm" and proto["mode"] == "min"
-    assert proto["tune"]["values"] == ["1e-3", "3e-2"] and proto["tune"]["reuse_seed_run"]
-    # 2 variants x 2 values of tuning on seed 1337, then seed 1338 at the picked value (1337 is reused).
-    assert len(children) == 6 and all(c.info.status == "FINISHED" for c in children)
+    assert proto["metric"] == "val/loss" and proto["report_metric"] == "test/loss"
+    assert proto["tune"]["values"] == ["1e-3", "3e-2", DIVERGING_LR] and proto["tune"]["rule"] == "separate_seed"
+    assert proto["tune"]["seed"] == 1336 and proto["tune"]["steps"] == 3 and not proto["tune"]["reuse_seed_run"]
+    assert proto["family"] == proto["sweep_id"] and proto["equivalence"] is None
+    assert set(proto["identity"]) == {"recipe_sha256", "variant_files", "commit", "dirty"}
+    # 2 variants x 3 values of tuning on seed 1336 (outside the evaluation seeds), then both seeds at the pick.
+    assert len(children) == 10
+    diverged = [c for c in children if c.info.status == "FAILED"]
+    assert sorted(c.data.tags[P.CHILD_KEY] for c in diverged) == [
+        f"norm={n}|tune|model.lr={DIVERGING_LR}" for n in ("layernorm", "rmsnorm")]
+    for c in diverged:  # an outcome, at the first non-finite step, with the steps before it kept
+        step = int(c.data.tags[P.DIVERGED_STEP])
+        assert c.data.tags[P.OUTCOME] == "diverged" and step in (1, 2)
+        losses = client.get_metric_history(c.info.run_id, "train/loss")
+        assert sorted(m.step for m in losses) == list(range(step)) and all(math.isfinite(m.value) for m in losses)
     for c in children:
+        if c in diverged:
+            continue
+        assert c.info.status == "FINISHED" and c.data.tags[P.OUTCOME] == "finished"
+        steps = max(m.step for m in client.get_metric_history(c.info.run_id, "train/loss"))
+        assert steps == (2 if c.data.tags[P.PHASE] == "tune" else 3)  # --tune_steps 3, then the full 4
+        # Test on the final weights for the runs that count, never for tuning (it reads validation only).
+        assert ("test/loss" in c.data.metrics) == (c.data.tags[P.PHASE] == "seed")
         tags = c.data.tags
         assert tags[P.PARENT_RUN] == parent.info.run_id and tags[P.SWEEP_ID] == proto["sweep_id"]
         assert c.data.params["data.init_args.seed"] == tags[P.SEED] == c.data.params["seed_everything"]
@@ -122,9 +148,10 @@ def test_sweep_writes_one_parent_and_a_child_per_variant_seed_and_tuning_value(t
         assert final(client, c, "val/bpb") == pytest.approx(final(client, c) / math.log(2), rel=1e-5)
         assert c.data.metrics[P.PARAMETERS_METRIC] > 0 and c.data.metrics[P.ITEMS_PER_STEP_METRIC] == 4 * 16
     finals = [c for c in children if c.data.tags.get(P.FINAL) == "true"]
-    assert sorted((c.data.tags[P.VARIANT], c.data.tags[P.SEED]) for c in finals) == [
-        ("norm=layernorm", "1337"), ("norm=layernorm", "1338"), ("norm=rmsnorm", "1337"), ("norm=rmsnorm", "1338")]
-    assert parent.data.metrics["sweep/runs"] == 6 and 0 <= parent.data.metrics["sweep/overhead_fraction"] < 1
+    assert sorted((c.data.tags[P.VARIANT], c.data.tags[P.SEED], c.data.tags[P.PHASE]) for c in finals) == [
+        (f"norm={n}", s, "seed") for n in ("layernorm", "rmsnorm") for s in ("1337", "1338")]
+    assert parent.data.metrics["sweep/runs"] == 8 and 0 <= parent.data.metrics["sweep/overhead_fraction"] < 1
+    assert "2 runs diverged (recorded as such, not rerun)" in out.stdout
     assert "python cli.py compare --experiment tiny" in out.stdout
 
 
@@ -134,12 +161,12 @@ def test_each_variant_runs_its_seeds_at_the_value_with_the_best_validation_loss(
     _, children = runs_of(client, "tiny")
     for variant in ("norm=rmsnorm", "norm=layernorm"):
         tuning = {float(c.data.tags[P.TUNE_VALUE]): final(client, c) for c in children
-                  if c.data.tags[P.VARIANT] == variant and c.data.tags[P.PHASE] == "tune"}
+                  if c.data.tags[P.VARIANT] == variant and c.data.tags[P.PHASE] == "tune"
+                  and c.info.status == "FINISHED"}  # a diverged value is never picked
+        assert len(tuning) == 2
         best = min(tuning, key=tuning.get)
         seeds = [c for c in children if c.data.tags[P.VARIANT] == variant and c.data.tags.get(P.FINAL) == "true"]
-        assert {float(c.data.params["model.init_args.lr"]) for c in seeds} == {best}
-        reused = [c for c in seeds if c.data.tags[P.PHASE] == "tune"]
-        assert len(reused) == 1 and reused[0].data.tags[P.SEED] == "1337"
+        assert {float(c.data.params["model.init_args.lr"]) for c in seeds} == {best} and len(seeds) == 2
 
 
 def test_seed_i_feeds_the_same_batches_to_every_variant(tuned_sweep):
@@ -147,7 +174,8 @@ def test_seed_i_feeds_the_same_batches_to_every_variant(tuned_sweep):
     order = defaultdict(list)
     for b in sorted(batches, key=lambda b: b["step"]):
         order[(b["seed"], b["norm"], b["lr"])].append(b["checksum"])
-    assert len(order) == 6 and all(len(v) == 4 for v in order.values())
+    order = {k: v for k, v in order.items() if k[0] != "1336"}  # the tuning runs are shorter
+    assert len(order) == 4 and all(len(v) == 4 for v in order.values())
     by_seed = defaultdict(set)
     for (seed, _, _), sums in order.items():
         by_seed[seed].add(tuple(sums))
