@@ -15,8 +15,19 @@ from tests.conftest import REPO, TINY_VIT
 def test_digits_are_real_and_split_deterministically():
     a, b = DigitsDataModule(), DigitsDataModule()
     a.setup(), b.setup()
-    assert (len(a.train_set), len(a.val_set)) == (1438, 359)
+    assert (len(a.train_set), len(a.val_set), len(a.test_set)) == (1079, 359, 359)
     assert torch.equal(a.val_set.tensors[0], b.val_set.tensors[0])
+    # Validation is the first 20% of the seeded permutation, as before the test split; the test split is
+    # stratified (each class's share of the whole set) and shares no image with train or validation.
+    order = torch.randperm(1797, generator=torch.Generator().manual_seed(0))
+    from sklearn.datasets import load_digits
+    digits = torch.tensor(load_digits().images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0
+    assert torch.equal(a.val_set.tensors[0], digits[order[:359]])
+    counts = torch.bincount(torch.tensor(load_digits().target), minlength=10)
+    assert torch.equal(torch.bincount(a.test_set.tensors[1], minlength=10), torch.round(0.2 * counts).long())
+    flat = {tuple(x.flatten().tolist()) for x in a.train_set.tensors[0]}
+    assert not flat & {tuple(x.flatten().tolist()) for x in a.test_set.tensors[0]}
+    assert not flat & {tuple(x.flatten().tolist()) for x in a.val_set.tensors[0]}
     images, labels = a.train_set.tensors
     assert images.shape[1:] == (1, 8, 8) and images.min() == -1 and images.max() == 1
     assert set(labels.tolist()) == set(range(10))

@@ -27,7 +27,8 @@ from tests.conftest import REPO, subprocess_env
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
 TINY = ["--model.arch.d_model=32", "--model.arch.n_layers=2", "--model.arch.n_heads=2", "--data.block_size=16",
         "--data.batch_size=4", "--trainer.max_steps=4", "--trainer.val_check_interval=2",
-        "--trainer.limit_val_batches=2", "--trainer.num_sanity_val_steps=0", "--trainer.log_every_n_steps=1"]
+        "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2", "--trainer.num_sanity_val_steps=0",
+        "--trainer.log_every_n_steps=1"]
 
 
 def sweep(cwd: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -222,11 +223,22 @@ def test_compare_reports_the_stored_metrics_computed_by_hand(tuned_sweep, capsys
 
 def test_a_killed_sweep_resumes_without_rerunning_finished_children(tmp_path):
     args = ["--config", BASELINE, "--vary", "model.arch.norm=rmsnorm,layernorm", "--seeds", "2",
-            "--experiment", "killed", *TINY]
+            "--experiment", "killed", *TINY, "--trainer.callbacks+=tests.hold.HoldWhileFileExists"]
+    hold = tmp_path / "hold"
+    hold.touch()  # the first child waits at its start until the second command has been answered
     proc = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "sweep", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=subprocess_env(),
-                            start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=subprocess_env(ARCH_LAB_HOLD_FILE=str(hold)), start_new_session=True)
     try:
+        for line in proc.stdout:
+            if line.startswith("start "):
+                break
+        # The same sweep started again while its first child trains: refused in one line naming the owner.
+        second = sweep(tmp_path, *args, check=False)
+        hold.unlink()
+        assert second.returncode == 2, second.stdout + second.stderr
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "is already running" in errors[0] and f"PID {proc.pid} " in errors[0], errors
         for line in proc.stdout:  # kill the whole sweep (and its running child) once a child has finished
             if line.startswith("done "):
                 break
@@ -248,8 +260,51 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_children(tmp_path):
         f"norm={n}|seed|{s}" for n in ("rmsnorm", "layernorm") for s in (1337, 1338))
     for key, run_id in finished.items():  # the same run, not a new one
         assert [c.info.run_id for c in done if c.data.tags[P.CHILD_KEY] == key] == [run_id]
-    # The run the kill interrupted is marked KILLED, not left RUNNING forever.
+    # The run the kill interrupted is marked KILLED, not left RUNNING forever; the parent ends too.
     assert all(c.info.status in ("FINISHED", "KILLED") for c in after)
+    (parent,) = runs_of(client, "killed")[0]
+    assert parent.info.status == "FINISHED"
+
+    # Extended by one paired seed: only the new seed runs, in the same sweep and protocol.
+    out = sweep(tmp_path, *args, "--add_seeds", "1")
+    assert "(extended from 2 seeds)" in out.stdout and "4 runs already finished; 2 to run" in out.stdout
+    parents, extended = runs_of(client, "killed")
+    assert [p.info.run_id for p in parents] == [parent.info.run_id]
+    proto = json.loads(Path(client.download_artifacts(parent.info.run_id, P.PROTOCOL_FILE, str(tmp_path))).read_text())
+    assert proto["seeds"] == [1337, 1338, 1339]
+    assert sorted(c.data.tags[P.CHILD_KEY] for c in extended if c.info.status == "FINISHED") == sorted(
+        f"norm={n}|seed|{s}" for n in ("rmsnorm", "layernorm") for s in (1337, 1338, 1339))
+    again = sweep(tmp_path, *args, check=False)  # the original command no longer describes it: one line
+    assert again.returncode == 2 and "has 3 seeds" in again.stderr and "--add_seeds 1" in again.stderr
+
+
+def test_a_variant_diverged_at_every_value_runs_no_seed_and_the_sweep_still_finishes(tmp_path):
+    args = ["--config", BASELINE, "--seeds", "1", "--tune", f"model.lr={DIVERGING_LR},1e38", "--tune_steps", "2",
+            "--parallel", "2", "--experiment", "hopeless", *TINY]
+    out = sweep(tmp_path, *args)
+    assert "variant recipe: every tuning value diverged; its seeds were not run" in out.stdout
+    client = client_for(tmp_path)
+    (parent,), children = runs_of(client, "hopeless")
+    assert parent.info.status == "FINISHED"
+    assert sorted((c.data.tags[P.PHASE], c.info.status, c.data.tags[P.OUTCOME]) for c in children) == [
+        ("tune", "FAILED", "diverged")] * 2
+    again = sweep(tmp_path, *args)  # nothing to rerun: a diverged run is done
+    assert "2 runs already finished; 1 to run" in again.stdout and len(runs_of(client, "hopeless")[1]) == 2
+
+
+def test_a_stopped_sweep_ends_its_parent_killed(tmp_path):
+    proc = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "sweep", "--config", BASELINE, "--seeds", "1",
+                             "--experiment", "stopped", *TINY, "--trainer.max_steps=200"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=subprocess_env())
+    try:
+        for line in proc.stdout:
+            if line.startswith("start "):
+                break
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        assert proc.wait(timeout=120) == 130
+    (parent,), children = runs_of(client_for(tmp_path), "stopped")
+    assert parent.info.status == "KILLED" and all(c.info.status != "RUNNING" for c in children)
 
 
 def test_slurm_job_array_task_run_by_hand_logs_its_child(tmp_path):
@@ -299,6 +354,15 @@ def test_a_key_or_value_the_recipe_rejects_is_one_line_before_anything_trains(tm
 
 @pytest.mark.parametrize("args, expected", [
     (["--vary", "model.arch.norm"], "--vary 'model.arch.norm' is not KEY=VALUE"),
+    (["--vary", "model.arch.norm=rmsnorm,dyt", "--metric", "val/iou"], "--mode min or --mode max"),
+    (["--vary", "model.arch.norm=rmsnorm,dyt", "--tune", "model.lr=1e-3,1e-2", "--tune_seed", "1338"],
+     "--tune_seed 1338 is one of the evaluation seeds"),
+    (["--vary", "model.arch.norm=rmsnorm,dyt", "--tune", "model.lr=1e-3,1e-2", "--tune_steps", "2",
+      "--reuse_tuning_run_as_seed"], "needs tuning runs at the full budget"),
+    (["--vary", "model.arch.norm=rmsnorm,dyt", "--tune_seed", "5"], "--tune_seed needs --tune"),
+    (["--vary", "model.arch.norm=rmsnorm,dyt", "--equivalent", "norm=dyt"], "needs --equivalence_margin"),
+    (["--vary", "model.arch.norm=rmsnorm,dyt", "--equivalence_margin", "0.1", "--equivalent", "dyt"],
+     "--equivalent dyt is not a variant"),
     (["--vary", "model.arch.norm=a,a"], "repeats a value"),
     (["--vary", "model.arch.norm=rmsnorm,dyt", "--tune", "model.lr=1e-3"], "has one value"),
     (["--vary", "model.lr=1e-3,1e-2", "--tune", "model.lr=1e-3,1e-2"], "both varied and tuned"),
@@ -339,3 +403,105 @@ def test_child_runs_are_read_across_mlflow_pages(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "PAGE", 2)  # 5 runs: 3 pages; one page would miss finished children on resume
     assert sorted(r.data.tags[P.CHILD_KEY] for r in store.child_runs(client, experiment, "s1")) == [
         f"k{i}" for i in range(5)]
+
+
+# --- the rules, without training ---
+
+def test_tuning_picks_the_best_value_that_did_not_diverge_ties_to_the_earlier():
+    from lit.sweep.store import AllTuningDiverged, best_value
+
+    values = ["1e-3", "3e-3", "1e-2", "1e4"]
+    nan = math.nan
+    assert best_value(values, {"1e-3": (False, 2.0), "3e-3": (False, 1.5), "1e-2": (False, nan),
+                               "1e4": (True, 0.1)}, "min", "v") == "3e-3"  # diverged and NaN never win
+    assert best_value(values, {"1e-3": (False, 1.5), "3e-3": (False, 1.5), "1e-2": (False, 1.7),
+                               "1e4": (False, nan)}, "min", "v") == "1e-3"  # a tie goes to the earlier value
+    assert best_value(values, {"1e-3": (False, 0.5), "3e-3": (False, 0.9), "1e-2": (True, 0.99),
+                               "1e4": (False, nan)}, "max", "v") == "3e-3"  # accuracy: higher is better
+    with pytest.raises(AllTuningDiverged, match="every tuning value of variant v diverged"):
+        best_value(values, {"1e-3": (True, 2.0), "3e-3": (False, nan), "1e-2": (True, nan),
+                            "1e4": (True, nan)}, "min", "v")
+
+
+def test_a_run_is_stale_only_when_its_owner_is_gone(monkeypatch):
+    import socket
+    import time
+
+    from lit.sweep import ownership as O
+
+    now = time.time()
+    here = socket.gethostname()
+
+    def tags(host=here, pid=os.getpid(), beat=now, task=None):
+        out = {O.OWNER_HOST: host, O.OWNER_PID: str(pid), O.HEARTBEAT: f"{beat:.0f}"}
+        return {**out, O.OWNER_TASK: task} if task else out
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    assert O.owner_alive(tags(pid=os.getppid()), now)  # a live process on this host, beating
+    assert not O.owner_alive(tags(pid=dead.pid), now)  # its PID is dead here (kill -9)
+    assert O.owner_alive(tags(host="elsewhere", pid=dead.pid), now)  # another host: its beat decides
+    assert not O.owner_alive(tags(host="elsewhere", beat=now - O.STALE_AFTER_S - 1), now)
+    assert not O.owner_alive({}, now)  # a run of an older sweep: no owner
+    # A requeued SLURM array task is its own earlier life's successor, even on another host.
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert not O.owner_alive(tags(host="elsewhere", task="77_3"), now)
+    assert O.owner_alive(tags(host="elsewhere", task="77_4"), now)
+
+
+def test_a_child_held_by_a_live_process_elsewhere_is_not_run_twice(tmp_path, monkeypatch):
+    import time
+
+    from lit.sweep import ownership as O
+    from lit.sweep.child import claim
+    from lit.sweep.grid import Child
+
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    client = client_for(tmp_path)
+    experiment = client.create_experiment("owned")
+    child = Child("recipe|seed|1", "recipe", "seed", 1, 0, {})
+    manifest = {"protocol": {"sweep_id": "s1", "tune": None}, "parent_run_id": "p"}
+    other = client.create_run(experiment, tags={P.ROLE: P.CHILD, P.SWEEP_ID: "s1", P.CHILD_KEY: child.key,
+                                                O.OWNER_HOST: "elsewhere", O.OWNER_PID: "1",
+                                                O.HEARTBEAT: f"{time.time():.0f}"})
+    assert claim(client, experiment, manifest, child, None) is None
+    assert len(client.search_runs([experiment])) == 1
+    client.set_tag(other.info.run_id, O.HEARTBEAT, f"{time.time() - O.STALE_AFTER_S - 5:.0f}")  # it stopped beating
+    mine = claim(client, experiment, manifest, child, None)
+    assert mine is not None and client.get_run(mine).data.tags[O.OWNER_PID] == str(os.getpid())
+
+
+def test_identity_names_what_changed():
+    from lit.sweep.identity import changes
+
+    old = {"recipe_sha256": "a", "variant_files": {"v.yaml": "1"}, "commit": "c0ffee", "dirty": False}
+    assert changes(old, {**old, "dirty": True}) == []  # a dirty tree is recorded, not refused
+    new = {**old, "recipe_sha256": "b", "variant_files": {"v.yaml": "2", "w.yaml": "3"}, "commit": "deadbeef"}
+    assert changes(old, new) == ["the recipe's content", "config file v.yaml", "config file w.yaml",
+                                 "the code commit (c0ffee -> deadbeef)"]
+    assert changes(None, old) == ["the sweep was started before sweeps recorded their inputs"]
+
+
+def test_resuming_with_an_edited_variant_file_refuses_unless_a_new_sweep_is_asked(tmp_path):
+    variant = tmp_path / "longer.yaml"
+    variant.write_text("trainer:\n  max_steps: 4\n")
+    args = ["--config", BASELINE, "--variant", f"config={variant}", "--seeds", "2", "--experiment", "edits",
+            "--launch", "slurm", *TINY]
+    first = sweep(tmp_path, *args, "--out", "a")
+    assert "(new)" in first.stdout
+    variant.write_text("trainer:\n  max_steps: 4  # edited\n")
+    refused = sweep(tmp_path, *args, "--out", "a", check=False)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 2 and len(errors) == 1, refused.stderr
+    assert f"config file {variant} changed" in errors[0] or f"config file {variant}" in errors[0]
+    assert "--new_sweep" in errors[0]
+    fresh = sweep(tmp_path, *args, "--out", "b", "--new_sweep")
+    assert "(new)" in fresh.stdout
+    parents, _ = runs_of(client_for(tmp_path), "edits")
+    assert len({p.data.tags[P.SWEEP_ID] for p in parents}) == 2
+    assert all(p.info.status == "FINISHED" for p in parents)  # a SLURM launch ends its parent once written
+    nothing = sweep(tmp_path, "--config", BASELINE, "--seeds", "2", "--add_seeds", "1", "--experiment", "none",
+                    *TINY, check=False)
+    assert nothing.returncode == 2 and "--add_seeds extends an existing sweep" in nothing.stderr

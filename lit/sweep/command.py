@@ -5,7 +5,9 @@
     python cli.py compare --experiment sweep-gpt_baseline
 
 Options it does not know are ``fit`` options, applied to every run. Rerunning the same command resumes:
-children with a FINISHED run are skipped, failed or killed ones run again.
+children that are done (finished, or diverged: an outcome) are skipped, crashed or killed ones run again;
+a sweep whose inputs changed (recipe, config files, code commit) refuses unless ``--new_sweep``; a sweep
+that is running refuses a second owner. docs/sweeps.md tells the whole story.
 """
 
 from __future__ import annotations
@@ -380,6 +382,9 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         try:
+            # A run whose process ended without closing it (stopped while it was being built, or crashed
+            # hard) is not left RUNNING: its owner is gone.
+            settle_unfinished_runs(client, child_runs(client, experiment_id, proto["sweep_id"]))
             _log_overhead(client, parent_id, experiment_id, proto["sweep_id"], started, a.parallel)
         finally:
             client.set_terminated(parent_id, status=status)
