@@ -279,7 +279,7 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_children(tmp_path):
 
 
 def test_a_variant_diverged_at_every_value_runs_no_seed_and_the_sweep_still_finishes(tmp_path):
-    args = ["--config", BASELINE, "--seeds", "1", "--tune", f"model.lr={DIVERGING_LR},1e38", "--tune_steps", "2",
+    args = ["--config", BASELINE, "--seeds", "1", "--tune", f"model.lr={DIVERGING_LR},1e38", "--tune_steps", "3",
             "--parallel", "2", "--experiment", "hopeless", *TINY]
     out = sweep(tmp_path, *args)
     assert "variant recipe: every tuning value diverged; its seeds were not run" in out.stdout

@@ -275,7 +275,7 @@ def _resume(client, parent, proto: dict, a: argparse.Namespace) -> tuple[dict, l
 def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int:
     from mlflow import MlflowClient
 
-    from lit.sweep.ownership import owner_tags
+    from lit.sweep.ownership import describe_owner, owner_tags
     from lit.sweep.store import (
         child_runs,
         create_parent,
@@ -306,7 +306,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
             raise UserInputError("--add_seeds extends an existing sweep, and none matches this command; run it "
                                  "without --add_seeds (and with --seeds N) to start one")
         if parent is not None and parent.info.status == "RUNNING":
-            from lit.sweep.ownership import describe_owner, owner_alive
+            from lit.sweep.ownership import owner_alive
 
             if owner_alive(parent.data.tags):
                 raise UserInputError(f"sweep {parent.data.tags.get(P.SWEEP_ID)} is running "
@@ -341,6 +341,11 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
                                  f"variant {missing[0]} have none; report on validation (--report_metric "
                                  f"{proto['metric']}) or use data with a test split")
         parent_id = create_parent(client, experiment_id, proto, lineage, owner_tags())
+        first = find_parent(client, experiment_id, lineage, oldest=True, sweep=proto["sweep_id"])
+        if first is not None and first.info.run_id != parent_id:  # two commands started it at once
+            client.delete_run(parent_id)
+            raise UserInputError(f"sweep {proto['sweep_id']} was started at the same moment by another command "
+                                 f"({describe_owner(first.data.tags)}); it runs there")
     else:
         parent_id = parent.info.run_id
         client.update_run(parent_id, status="RUNNING")

@@ -25,10 +25,15 @@ PAGE = 1000  # runs per search request
 LINEAGE = P.PREFIX + "lineage"  # on the parent: the hash of what the sweep runs, shared by its restarts
 
 
-def find_parent(client: MlflowClient, experiment_id: str, lineage: str) -> Run | None:
-    """The newest parent run of a sweep (``--new_sweep`` starts another one in the same lineage)."""
-    found = client.search_runs([experiment_id], f"tags.`{LINEAGE}` = '{lineage}' and tags.`{P.ROLE}` = '{P.PARENT}'",
-                               order_by=["attributes.start_time DESC"], max_results=1)
+def find_parent(client: MlflowClient, experiment_id: str, lineage: str, oldest: bool = False,
+                sweep: str | None = None) -> Run | None:
+    """The newest parent run of a sweep (``--new_sweep`` starts another one in the same lineage); with
+    ``oldest``, the first one created (of the sweep id ``sweep``, if given)."""
+    query = f"tags.`{LINEAGE}` = '{lineage}' and tags.`{P.ROLE}` = '{P.PARENT}'"
+    if sweep is not None:
+        query += f" and tags.`{P.SWEEP_ID}` = '{sweep}'"
+    found = client.search_runs([experiment_id], query, max_results=1,
+                               order_by=[f"attributes.start_time {'ASC' if oldest else 'DESC'}"])
     return found[0] if found else None
 
 
