@@ -94,8 +94,9 @@ def test_imagenet_recipe_without_root_says_how_to_point_at_it(workdir, capsys):
 
 def test_classifier_learns_digits(workdir):
     """A few epochs through the CLI: well above chance (10%), with the metrics logged."""
+    # 8 epochs of the 1,079 training images: about the optimizer steps 6 epochs took before the test split.
     cli = main(["fit", "--config", str(REPO / "recipes/vit_tokenformer_digits.yaml"), *TINY_VIT,
-                "--trainer.max_epochs=6"])
+                "--trainer.max_epochs=8"])
     metrics = cli.trainer.callback_metrics
     assert metrics["val/acc1"] > 0.6, metrics
     assert {"train/loss", "train/acc", "val/loss", "val/acc5", "train/images_per_s"} <= set(metrics)
