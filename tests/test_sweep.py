@@ -278,6 +278,7 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_children(tmp_path):
     assert again.returncode == 2 and "has 3 seeds" in again.stderr and "--add_seeds 1" in again.stderr
 
 
+@pytest.mark.slow
 def test_a_variant_diverged_at_every_value_runs_no_seed_and_the_sweep_still_finishes(tmp_path):
     args = ["--config", BASELINE, "--seeds", "1", "--tune", f"model.lr={DIVERGING_LR},1e38", "--tune_steps", "3",
             "--parallel", "2", "--experiment", "hopeless", *TINY]
@@ -292,6 +293,7 @@ def test_a_variant_diverged_at_every_value_runs_no_seed_and_the_sweep_still_fini
     assert "2 runs already finished; 1 to run" in again.stdout and len(runs_of(client, "hopeless")[1]) == 2
 
 
+@pytest.mark.slow
 def test_a_stopped_sweep_ends_its_parent_killed(tmp_path):
     proc = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "sweep", "--config", BASELINE, "--seeds", "1",
                              "--experiment", "stopped", *TINY, "--trainer.max_steps=200"], cwd=tmp_path,
@@ -484,6 +486,7 @@ def test_identity_names_what_changed():
     assert changes(None, old) == ["the sweep was started before sweeps recorded their inputs"]
 
 
+@pytest.mark.slow
 def test_resuming_with_an_edited_variant_file_refuses_unless_a_new_sweep_is_asked(tmp_path):
     variant = tmp_path / "longer.yaml"
     variant.write_text("trainer:\n  max_steps: 4\n")
