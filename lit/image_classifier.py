@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from lit.compute import vit_flops_per_image
 from lit.diagnostics import DiagnosticsConfig
 from lit.init_from import Growth, load_initial_weights
 from lit.models.transformer import TransformerConfig
@@ -64,6 +65,9 @@ class ImageClassifier(ArchitectureTask):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(images)
+
+    def training_flops_per_item(self) -> float:
+        return vit_flops_per_image(self.model, self.hparams.image_size, self.hparams.in_chans)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         images, targets = batch

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
 from arch_plugins.stabilisers.z_loss import z_loss
+from lit.compute import gpt_flops_per_token
 from lit.diagnostics import DiagnosticsConfig
 from lit.errors import UserInputError
 from lit.init_from import Growth, load_initial_weights
@@ -71,6 +72,9 @@ class LanguageModel(ArchitectureTask):
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def training_flops_per_item(self) -> float:
+        return gpt_flops_per_token(self.model)
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         idx, targets = batch

@@ -13,9 +13,16 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from arch_plugins.progress import has_progress_hooks
-from lit.callbacks import RenormalizeUnitNormWeights, ReportTrainingProgress, StopOnNonFiniteLoss, has_unit_norm_weights
+from arch_plugins.declarations import has_progress_hooks
+from lit.callbacks import (
+    LogRoleTable,
+    RenormalizeUnitNormWeights,
+    ReportTrainingProgress,
+    StopOnNonFiniteLoss,
+    has_unit_norm_weights,
+)
 from lit.checkpoints import restore_rng_states, rng_states
+from lit.compute import non_embedding_parameters
 from lit.diagnostics import Diagnostics, DiagnosticsConfig
 from lit.optim import adamw_warmup_cosine
 from lit.parallel import checkpoint_blocks, compile_blocks, shard
@@ -38,22 +45,41 @@ class ArchitectureTask(L.LightningModule):
         self.compile_each_block, self.recompute_activations = compile, activation_checkpointing
         self.diagnostics = diagnostics if diagnostics is not None else DiagnosticsConfig()
         self.throughput, self.throughput_metric = StepRate(), f"train/{items}_per_s"
+        self.flops_metric = f"model/flops_per_{items.removesuffix('s')}"
+        self.flops_per_item: float | None = None
         self._size_logged = False
+
+    def training_flops_per_item(self) -> float | None:
+        """Training FLOPs per item (token, image) of ``self.model`` as built; None where the task cannot count."""
+        return None
+
+    def setup(self, stage: str) -> None:
+        # Counted on the model as built, before compile or sharding wrap it (lit/compute.py).
+        if stage == "fit" and self.flops_per_item is None:
+            self.flops_per_item = self.training_flops_per_item()
 
     def log_training_step(self, loss: torch.Tensor, items: int) -> None:
         """The metrics every task logs per training step: loss, learning rate, items/s over all processes.
 
         Once per fit it also logs the run's size facts that comparisons need (``cli.py compare`` turns
-        steps into tokens and reports parameters): ``model/parameters`` and ``train/items_per_step``.
+        steps into tokens and reports parameters): ``model/parameters``, ``model/non_embedding_parameters``,
+        ``train/items_per_step`` and ``model/flops_per_token`` (or ``_per_image``); and at every step
+        ``train/flops``, the training FLOPs spent so far, so curves can be drawn against compute.
         """
+        per_step = items * self.trainer.world_size * self.trainer.accumulate_grad_batches
         if not self._size_logged:
             self._size_logged = True
-            per_step = items * self.trainer.world_size * self.trainer.accumulate_grad_batches
             # numel of an FSDP2 DTensor is the global count, so this is the whole model on any strategy.
             facts = {"model/parameters": float(sum(p.numel() for p in self.parameters())),
+                     "model/non_embedding_parameters": float(non_embedding_parameters(self.model)),
                      "train/items_per_step": float(per_step)}
+            if self.flops_per_item is not None:
+                facts[self.flops_metric] = self.flops_per_item
             for logger in self.loggers:
                 logger.log_metrics(facts, step=self.global_step)
+        if self.flops_per_item is not None:
+            # global_step counts the optimizer steps already taken: this batch belongs to the (global_step + 1)th.
+            self.log("train/flops", self.flops_per_item * per_step * (self.global_step + 1))
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         rate = self.throughput.tick(items * self.trainer.world_size)
@@ -79,7 +105,8 @@ class ArchitectureTask(L.LightningModule):
         # Whatever the architecture, weights that declared a unit-norm constraint are kept on the sphere;
         # attached here so that selecting such a plugin on the command line cannot forget the callback.
         # A diverged run stops before it overwrites the last good checkpoint.
-        callbacks: list[L.Callback] = [StopOnNonFiniteLoss()]
+        # The role table is logged once per fit (what each parameter is decides its optimizer group and decay).
+        callbacks: list[L.Callback] = [StopOnNonFiniteLoss(), LogRoleTable()]
         if has_unit_norm_weights(self.model):
             callbacks.append(RenormalizeUnitNormWeights())
         # Likewise for modules that follow the step count (PRepBN's schedule, BHyT's refresh).

@@ -103,28 +103,6 @@ TINY_VIT = ["--model.arch.d_model=32", "--model.arch.n_layers=2", "--model.arch.
             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
-def backprop_gpt_and_vit(residual: str, d_model: int, seq: int) -> tuple:
-    """A 2-layer GPT and a 2-layer ViT with ``residual``, one backward each: (gpt, vit) with their gradients."""
-    import torch
-    import torch.nn.functional as F
-
-    from lit.models import GPT, TransformerConfig
-    from lit.models.vit import ViT
-
-    torch.manual_seed(0)
-    gpt = GPT(vocab_size=11, block_size=seq,
-              arch=TransformerConfig(d_model=d_model, n_layers=2, n_heads=2, residual=residual))
-    idx = torch.randint(0, 11, (2, seq))
-    F.cross_entropy(gpt(idx).flatten(0, 1), idx.flatten()).backward()
-    vit_arch = TransformerConfig(d_model=d_model, n_layers=2, n_heads=2, mlp="gelu", positions="none",
-                                 residual=residual)
-    vit = ViT(num_classes=3, image_size=8, patch_size=4, in_chans=1, arch=vit_arch)
-    logits = vit(torch.randn(2, 1, 8, 8))
-    assert logits.shape == (2, 3)
-    logits.sum().backward()
-    return gpt, vit
-
-
 def plain_and_twin(make_stack, causal: bool, **kw) -> tuple:
     """A plain-residual stack with non-trivial norm gains, and a stack with the residual ``kw`` asks for carrying
     the same weights: every weight of the plain one has its twin, only the residual's own (``merge``) are new.

@@ -72,7 +72,7 @@ def run_two_processes(args: list[str], cwd: Path) -> subprocess.CompletedProcess
 
 
 def test_two_nodes_launched_with_torchrun(tmp_path):
-    """The README's multi-node command, as 2 "nodes" of 1 CPU process each on this machine, sharing one folder
+    """The multi-node command of docs/scaling.md, as 2 "nodes" of 1 CPU process each on this machine, sharing one folder
     (a shared filesystem: one MLflow store, one checkpoint directory)."""
     port = free_port()
     nodes = [subprocess.Popen(

@@ -22,6 +22,7 @@ ARCHS = {
     # Attention Residuals read the history too (every block's sum); hyper-connections carry a wider stream.
     "attnres_block": dict(residual="attnres_block", residual_options={"block_size": 2}),
     "hyperconn": dict(residual="hyperconn"),
+    "mhc": dict(residual="mhc"),  # per-token coefficients: branch_input and the merge recompute them alike
 }
 
 

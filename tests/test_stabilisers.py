@@ -72,13 +72,18 @@ def test_layernorm_qk_norm_has_no_bias():
     assert isinstance(norm, torch.nn.LayerNorm) and norm.bias is None and norm.normalized_shape == (D // 2,)
 
 
+# Strategies that partition the width need options that fit this file's model (3PT: 2 phases of 2 heads here).
+FITTING_OPTIONS = {"3pt": {"phases": 2}}
+
+
 @pytest.mark.parametrize("norm", registry.names("norm"))
 def test_qk_norm_and_softcap_combine_with_every_norm_strategy(norm):
     """Every strategy takes both, unless it transforms q and k itself (nGPT's hypersphere): one line then."""
     info = StackInfo(D, LAYERS, 2, 4 * D, causal=True)
-    strategy = registry.create("norm", norm)
+    options = FITTING_OPTIONS.get(norm, {})
+    strategy = registry.create("norm", norm, options)
     transforms_qk = strategy.qk(0, info) is not None or strategy.qk_before_rope(0, info) is not None
-    arch = {"norm": norm, "qk_norm": "rmsnorm", "logit_softcap": 5.0}
+    arch = {"norm": norm, "norm_options": options, "qk_norm": "rmsnorm", "logit_softcap": 5.0}
     if transforms_qk:
         with pytest.raises(registry.PluginError, match="already transforms q and k") as info_:
             gpt(**arch)

@@ -7,9 +7,8 @@ import math
 import torch
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import NormStrategy, Site, StackInfo
-from arch_plugins.weight_decay import declare_weight_decay
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles, declare_weight_decay
+from arch_plugins.interfaces import Kind, NormStrategy, Role, Site, StackInfo
 
 # The authors' initial alpha for language models, chosen by width (DyT paper, arXiv 2503.10622, Table 11:
 # "Model width significantly impacts the choice of alpha0, with wider networks requiring smaller values. In
@@ -38,6 +37,8 @@ class DynamicTanh(nn.Module):
         self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        declare_roles(self, {"weight": Role.GAIN, "bias": Role.BIAS})
+        declare_role(self, "alpha", "dyt_alpha", kind=Kind.SCALAR, group="norms")
         declare_diagnostic(self, "alpha")  # the paper tracks how alpha follows 1/std of the input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -45,12 +46,16 @@ class DynamicTanh(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
-class LearnableScale(nn.Module):
-    """x * s with s one learnable scalar."""
+class EmbeddingScale(nn.Module):
+    """x * s with s one learnable scalar (DyT's scale of the token embeddings, started at sqrt(d_model)).
+
+    Not ``arch_plugins.learned_scale.LearnedScale``, nGPT's stored-at-one-value, used-at-another vector.
+    """
 
     def __init__(self, init: float):
         super().__init__()
         self.scale = nn.Parameter(torch.full((1,), float(init)))
+        declare_role(self, "scale", "embedding_scale", kind=Kind.SCALAR, group="norms")
         declare_diagnostic(self, "scale")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +110,7 @@ class DyTStrategy(NormStrategy):
             bias = (not stack.causal) if self.bias is None else self.bias
             module = DynamicTanh(dim, self.initial_alpha(site, stack), bias)
         elif site == Site.EMBEDDING and (stack.causal if self.embedding_scale is None else self.embedding_scale):
-            module = LearnableScale(math.sqrt(dim))
+            module = EmbeddingScale(math.sqrt(dim))
         else:
             return None
         if stack.causal if self.decay_all is None else self.decay_all:

@@ -32,11 +32,32 @@ import math
 import torch
 from torch import nn
 
-from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualStream, ResidualType, StackInfo
-from arch_plugins.weight_decay import declare_weight_decay
+from arch_plugins.declarations import declare_role, declare_roles, declare_weight_decay
+from arch_plugins.init_identity import InitIdentity
+from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualStream, ResidualType, Role, StackInfo
 
 
-class HyperConnection(ResidualMerge):
+class StreamMixing(ResidualMerge):
+    """A merge over n streams given its weights: the branch reads sum_s w_s H_s; each stream t is rewritten as
+    sum_s A[s, t] H_s + b_t f. Subclasses say how w (``branch_weights``) and A, b (``depth_weights``) are made."""
+
+    def branch_weights(self, h: torch.Tensor) -> torch.Tensor:
+        """w as a column, (n, 1) static or (..., n, 1) per token."""
+        raise NotImplementedError
+
+    def depth_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A (stream s into stream t, indexed [..., s, t]) and b (the branch into each stream, [..., t])."""
+        raise NotImplementedError
+
+    def branch_input(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        return mix(self.branch_weights(h), h).squeeze(-2)
+
+    def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        alpha, beta = self.depth_weights(h)
+        return torch.addcmul(mix(alpha, h), beta.to(h.dtype).unsqueeze(-1), branch.to(h.dtype).unsqueeze(-2))
+
+
+class HyperConnection(StreamMixing):
     """One sublayer's width connection (``branch_input``) and depth connection (``forward``) over n streams."""
 
     def __init__(self, dim: int, streams: int, index: int, *, dynamic: bool, tanh: bool, dynamic_scale: float):
@@ -49,12 +70,23 @@ class HyperConnection(ResidualMerge):
         self.static_beta = nn.Parameter(torch.ones(streams))
         # The static matrix is the residual connection itself: decaying it towards zero would erase the identity.
         declare_weight_decay(self, "static_alpha", False)
+        # The stream-mixing weights are n x (n+1) and n numbers, whatever the width.
+        declare_roles(self, {"static_alpha": "hc_static_alpha", "static_beta": "hc_static_beta"}, kind=Kind.SCALAR,
+                      group="residual")
         if dynamic:
             self.norm_gain = nn.Parameter(torch.ones(dim))
             self.dynamic_alpha = nn.Parameter(torch.zeros(dim, streams + 1))
             self.dynamic_alpha_scale = nn.Parameter(torch.tensor(dynamic_scale))
             self.dynamic_beta = nn.Parameter(torch.zeros(dim))
             self.dynamic_beta_scale = nn.Parameter(torch.tensor(dynamic_scale))
+            declare_role(self, "norm_gain", Role.GAIN, group="residual")
+            # d -> n+1 and d -> 1 read-outs of the stream: one dim grows with width.
+            declare_roles(self, {"dynamic_alpha": "hc_dynamic_alpha", "dynamic_beta": "hc_dynamic_beta"},
+                          kind=Kind.VECTOR, group="residual")
+            declare_roles(self, {"dynamic_alpha_scale": "hc_dynamic_scale", "dynamic_beta_scale": "hc_dynamic_scale"},
+                          kind=Kind.SCALAR, group="residual")
+            # A matrix, so it decayed before roles existed (the rule was ndim >= 2); kept so that runs compare.
+            declare_weight_decay(self, "dynamic_alpha", True)
 
     def _dynamic(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """tanh(RMSNorm(H) W) with the reference's RMSNorm, x / max(|x|, 1e-12) * sqrt(d) * gain, folded into the
@@ -78,13 +110,6 @@ class HyperConnection(ResidualMerge):
         dynamic = self._dynamic(h, torch.cat([self.dynamic_alpha[:, 1:], self.dynamic_beta.unsqueeze(-1)], dim=-1))
         return alpha + dynamic[..., :-1] * self.dynamic_alpha_scale, beta + dynamic[..., -1] * self.dynamic_beta_scale
 
-    def branch_input(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
-        return mix(self.branch_weights(h), h).squeeze(-2)
-
-    def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
-        alpha, beta = self.depth_weights(h)
-        return torch.addcmul(mix(alpha, h), beta.to(h.dtype).unsqueeze(-1), branch.to(h.dtype).unsqueeze(-2))
-
 
 def mix(alpha: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """out[..., k, :] = sum_s alpha[..., s, k] h[..., s, :], for a static (n, k) or a per-token (..., n, k) alpha.
@@ -99,20 +124,35 @@ def mix(alpha: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 
 class Streams(ResidualStream):
-    """Repeats the embedding into n streams before the first block and sums the streams after the last."""
+    """Repeats the embedding into n streams before the first block and sums (or averages) them after the last."""
 
-    def __init__(self, streams: int):
+    def __init__(self, streams: int, reduce: str = "sum"):
         super().__init__()
-        self.streams = streams
+        self.streams, self.reduce = streams, reduce
 
     def begin(self, x: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
         return x.unsqueeze(-2).expand(*x.shape[:-1], self.streams, x.shape[-1])
 
     def end(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
-        return h.sum(-2)
+        return h.mean(-2) if self.reduce == "mean" else h.sum(-2)
 
 
-class HyperConnections(ResidualType):
+class MultiStreamResidual(ResidualType):
+    """A residual type carrying n streams between the blocks (``streams`` validated once for every such type)."""
+
+    reduce = "sum"  # how the streams become one after the last block
+
+    def __init__(self, streams: int):
+        if not isinstance(streams, int) or isinstance(streams, bool) or streams < 1:
+            raise ValueError(f"streams is the number of residual streams n (the paper uses 4); give an integer >= 1, "
+                             f"got {streams!r}")
+        self.streams = streams
+
+    def stream(self, stack: StackInfo) -> Streams:
+        return Streams(self.streams, self.reduce)
+
+
+class HyperConnections(MultiStreamResidual):
     """Hyper-connections: n residual streams mixed per sublayer by learned (dynamic: input-dependent) weights.
 
     Args:
@@ -122,19 +162,17 @@ class HyperConnections(ResidualType):
         dynamic_scale: initial s_alpha, s_beta (0.01 as the reference).
     """
 
+    # One stream: the width and depth connections are 1, the dynamic parts start at zero.
+    init_identities = (InitIdentity("add", {"streams": 1}),)
+
     def __init__(self, streams: int = 4, dynamic: bool = True, tanh: bool = True, dynamic_scale: float = 0.01):
-        if not isinstance(streams, int) or isinstance(streams, bool) or streams < 1:
-            raise ValueError(f"streams is the number of residual streams n (the paper uses 4); give an integer >= 1, "
-                             f"got {streams!r}")
-        self.streams, self.dynamic, self.tanh, self.dynamic_scale = streams, dynamic, tanh, dynamic_scale
+        super().__init__(streams)
+        self.dynamic, self.tanh, self.dynamic_scale = dynamic, tanh, dynamic_scale
 
     def merge(self, sublayer: str, layer: int, stack: StackInfo) -> HyperConnection:
         index = 2 * layer + (0 if sublayer == "attn" else 1)
         return HyperConnection(stack.d_model, self.streams, index, dynamic=self.dynamic, tanh=self.tanh,
                                dynamic_scale=self.dynamic_scale)
-
-    def stream(self, stack: StackInfo) -> Streams:
-        return Streams(self.streams)
 
 
 class StaticHyperConnections(HyperConnections):

@@ -45,8 +45,9 @@ from functools import partial
 import torch
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualType, StackInfo
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
+from arch_plugins.init_identity import InitIdentity
+from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualType, StackInfo
 from arch_plugins.registry import PluginError
 from arch_plugins.residuals.add import Add
 
@@ -73,6 +74,8 @@ class LowRank(nn.Module):
             else:  # xavier: the paper's ResNet init
                 nn.init.xavier_uniform_(self.down.weight)
             self.up.weight.zero_()
+        declare_role(self.down, "weight", "laurel_down", kind=Kind.HIDDEN, group="residual")
+        declare_role(self.up, "weight", "laurel_up", kind=Kind.HIDDEN, group="residual")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.up(self.down(x))
@@ -95,6 +98,8 @@ class LaurelMerge(ResidualMerge):
             self.gamma = nn.Parameter(torch.ones(gammas) if self.eq6 else torch.zeros(gammas))
             with torch.no_grad():
                 self.gamma[0] = 1.0
+        declare_roles(self, {"rw_logits": "laurel_weights", "gamma": "laurel_gamma"}, kind=Kind.SCALAR,
+                      group="residual")
         terms = gammas or 1
         self.low_rank = nn.ModuleList(LowRank(dim, rank, a_init) for _ in range(terms)) if rank else None
         # The effective weights, not their logits: alpha and beta as the merge uses them, each gamma_j apart.
@@ -192,6 +197,10 @@ class LaurelRW(LaurelResidual):
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
 
+    # alpha = beta = 1 at init. Around a sublayer that is the float sum `add` takes; around a block the branch is
+    # rebuilt from the stream, (h - x) + y, so only rounding separates them.
+    init_identities = (InitIdentity("add", {"placement": "sublayer"}), InitIdentity("add", exact=False))
+
     def __init__(self, weights: str = "softmax", placement: str = "block"):
         super().__init__(weights=weights, placement=placement)
 
@@ -204,6 +213,9 @@ class LaurelLR(LaurelResidual):
         a_init: ``structured`` (the paper's LLMs) or ``xavier`` (its ResNet).
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
+
+    # The up-projection B starts at zero, so the low-rank term adds nothing, whatever A's init or the placement.
+    init_identities = (InitIdentity("add"), InitIdentity("add", {"placement": "sublayer", "a_init": "xavier"}))
 
     def __init__(self, rank: int = 32, a_init: str = "structured", placement: str = "block"):
         super().__init__(rank=rank, a_init=a_init, placement=placement)
@@ -219,6 +231,9 @@ class LaurelPA(LaurelResidual):
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
 
+    # gamma starts at (1, 0, ...) and every B_j at zero: the carry is the current stream alone, as in `add`.
+    init_identities = (InitIdentity("add"), InitIdentity("add", {"placement": "sublayer", "rank": 4}))
+
     def __init__(self, previous: int = 3, rank: int | None = None, a_init: str = "structured",
                  placement: str = "block"):
         super().__init__(previous=previous, rank=rank, a_init=a_init, placement=placement)
@@ -233,6 +248,10 @@ class LaurelRWLR(LaurelResidual):
         a_init: ``structured`` or ``xavier``.
         placement: ``block`` or ``sublayer``.
     """
+
+    # alpha = beta = 1 at init. Around a sublayer that is the float sum `add` takes; around a block the branch is
+    # rebuilt from the stream, (h - x) + y, so only rounding separates them.
+    init_identities = (InitIdentity("add", {"placement": "sublayer"}), InitIdentity("add", exact=False))
 
     def __init__(self, weights: str = "softmax", rank: int = 32, a_init: str = "structured",
                  placement: str = "block"):
@@ -251,6 +270,10 @@ class LaurelRWLRPA(LaurelResidual):
         combination: ``eq6`` (the paper's eq. (6), gamma init 1) or ``legacy``
             (alpha f + beta sum_j gamma_j (I + B_j A_j) x_{i-j}, gamma init (1, 0, ...)).
     """
+
+    # alpha = beta = 1 at init. Around a sublayer that is the float sum `add` takes; around a block the branch is
+    # rebuilt from the stream, (h - x) + y, so only rounding separates them.
+    init_identities = (InitIdentity("add", {"placement": "sublayer"}), InitIdentity("add", exact=False))
 
     def __init__(self, weights: str = "softmax", rank: int = 32, previous: int = 3, a_init: str = "structured",
                  placement: str = "block", combination: str = "eq6"):

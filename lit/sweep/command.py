@@ -286,7 +286,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
         settle_unfinished_runs,
         write_protocol,
     )
-    from lit.tracking import resolve_tracking_uri, sqlite_creation_lock
+    from lit.tracking.uri import resolve_tracking_uri, sqlite_creation_lock
 
     proto, variants, tuning = build_protocol(a, fit_options)
     core = {k: proto[k] for k in CORE_FIELDS}

@@ -40,7 +40,7 @@ def variant_files(variants: list[Variant]) -> dict[str, str]:
 
 
 def identity(recipe: Path, variants: list[Variant]) -> dict:
-    from lit.tracking import git_commit
+    from lit.tracking.config_log import git_commit
 
     commit = git_commit()
     return {"recipe_sha256": file_sha256(recipe), "variant_files": variant_files(variants),

@@ -1,0 +1,139 @@
+"""Manifold-constrained hyper-connections (mHC; Xie et al., DeepSeek-AI, arXiv 2512.24880): hyper-connections whose
+stream-mixing matrix is projected onto the doubly stochastic matrices, so the stream keeps its scale with depth.
+
+The stream is n copies wide, (..., n, d), as in hyper-connections. Around each sublayer f, from the n streams x
+flattened to one vector of n*d::
+
+    r          = 1 / (RMS(vec x) + eps_norm)                    no gain: it folds into phi
+    H~_pre     = alpha_pre  * r (vec x) phi_pre  + b_pre          (n)
+    H~_post    = alpha_post * r (vec x) phi_post + b_post         (n)
+    H~_res     = alpha_res  * r mat((vec x) phi_res) + b_res      (n x n)
+    H_pre      = sigmoid(H~_pre)         H_post = 2 sigmoid(H~_post)         H_res = SinkhornKnopp(H~_res)
+    x_{l+1}    = H_res x_l + H_post^T f(H_pre x_l)
+
+Sinkhorn-Knopp starts from exp(H~_res) and alternates a row and a column normalisation, 20 times: H_res is then
+doubly stochastic (non-negative, rows and columns summing to 1) up to the last row step, so its spectral norm is
+at most 1 and a product of them over any depth stays doubly stochastic: the composite residual map neither
+amplifies nor shrinks the stream (the paper's fix for hyper-connections' composite gains of ~3000 at 27B).
+
+Init as NVIDIA Megatron-LM's implementation of the paper (megatron/core/transformer/hyper_connection.py): phi
+Xavier-uniform, alpha = 0.01 (the paper's gating-factor init), b = 0. So at init H_pre ~ 1/2, H_post ~ 1 and
+H_res ~ J/n (the uniform average): the n streams stay copies of one stream, each sublayer reads n/2 times it (a
+pre-norm removes the factor) and adds its output once. The embedding is repeated into the n streams before the
+first block and the streams are averaged after the last (Megatron's ``output_contract``), so with alpha = 0 and
+pre-norm sublayers the stack computes exactly what the plain residual does.
+
+Differences from the references, on purpose: the coefficients and the mixing run in float32 with autocast off, as
+both references keep them (Megatron's ``mark_keep_in_fp32``, DeepSeek-V4's fp32 HC modules). DeepSeek-V4's
+production variant (its Hugging Face port, ``DeepseekV4HyperConnection``) adds 1e-6 to H_pre, starts Sinkhorn from a
+row softmax and puts 1e-6 in every denominator, and ends with a learned sigmoid-weighted sum of the streams: the
+paper's form is built here; the two Sinkhorn orders converge to the same doubly stochastic limit (a test checks they
+agree within 1e-5 after 20 iterations).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles, declare_weight_decay
+from arch_plugins.interfaces import Kind, Role, StackInfo
+from arch_plugins.residuals.hyper_connections import MultiStreamResidual, StreamMixing
+
+
+def sinkhorn_knopp(logits: torch.Tensor, iters: int, eps: float = 1e-6) -> torch.Tensor:
+    """Project (..., n, n) logits onto the doubly stochastic matrices: exp, then ``iters`` times rows then columns.
+
+    Each row's maximum is subtracted before exp (the first row normalisation cancels it, so only overflow changes);
+    sums are floored at ``eps``, as Megatron-LM does, so an underflowed row cannot divide by zero.
+    """
+    m = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+    for _ in range(iters):
+        m = m / m.sum(dim=-1, keepdim=True).clamp_min(eps)
+        m = m / m.sum(dim=-2, keepdim=True).clamp_min(eps)
+    return m
+
+
+def _res_diagonal(module: ManifoldConstrainedConnection) -> torch.Tensor:
+    """The static part's self-weight: how much each stream keeps of itself when the input-dependent part is off."""
+    n = module.streams
+    return sinkhorn_knopp(module.bias[2 * n:].float().view(n, n), module.sinkhorn_iters).diagonal().mean()
+
+
+class ManifoldConstrainedConnection(StreamMixing):
+    """One sublayer's mHC: H_pre reads the streams, H_post writes the output back, H_res mixes the streams."""
+
+    def __init__(self, dim: int, streams: int, *, sinkhorn_iters: int, gating_init: float, norm_eps: float):
+        super().__init__()
+        n = streams
+        self.streams, self.sinkhorn_iters, self.norm_eps = n, sinkhorn_iters, norm_eps
+        # One projection for the three maps, rows [pre (n) | post (n) | res (n * n)], as both references lay it out.
+        self.phi = nn.Parameter(torch.empty(n * n + 2 * n, n * dim))
+        nn.init.xavier_uniform_(self.phi)
+        self.alpha_pre = nn.Parameter(torch.tensor(float(gating_init)))
+        self.alpha_post = nn.Parameter(torch.tensor(float(gating_init)))
+        self.alpha_res = nn.Parameter(torch.tensor(float(gating_init)))
+        self.bias = nn.Parameter(torch.zeros(n * n + 2 * n))
+        # phi maps the width to a handful of coefficients (vector-like as width grows, like hyper-connections'
+        # dynamic alpha); it decays as the matrix it is, as before roles existed.
+        declare_role(self, "phi", "mhc_projection", kind=Kind.VECTOR, group="residual")
+        declare_weight_decay(self, "phi", True)
+        declare_roles(self, {name: "mhc_gate" for name in ("alpha_pre", "alpha_post", "alpha_res")}, kind=Kind.SCALAR,
+                      group="residual")
+        declare_role(self, "bias", Role.BIAS, group="residual")
+        for name in ("alpha_pre", "alpha_post", "alpha_res"):
+            declare_diagnostic(self, name)
+        declare_diagnostic(self, "res_diagonal", _res_diagonal)
+
+    def _logits(self, h: torch.Tensor, rows: slice) -> torch.Tensor:
+        """(H~ before its bias and gate) for the projection rows ``rows``: r (vec x) phi[rows]^T, in float32."""
+        flat = h.float().flatten(-2)
+        inverse_rms = 1.0 / (flat.norm(dim=-1, keepdim=True) / flat.shape[-1] ** 0.5 + self.norm_eps)
+        return (flat @ self.phi[rows].float().t()) * inverse_rms
+
+    def coefficients(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(H_pre (..., n), H_post (..., n), H_res (..., n, n), indexed [target, source]) for streams (..., n, d)."""
+        mixing, post = self.depth_weights(h)
+        return self.branch_weights(h).squeeze(-1), post, mixing.transpose(-1, -2)
+
+    def branch_weights(self, h: torch.Tensor) -> torch.Tensor:
+        n = self.streams
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            pre_act = self._logits(h, slice(0, n)) * self.alpha_pre.float() + self.bias[:n].float()
+            return torch.sigmoid(pre_act).unsqueeze(-1)
+
+    def depth_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Only the post and res rows: the pre rows were used by branch_input, on the same streams.
+        n = self.streams
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            logits = self._logits(h, slice(n, None))
+            post = 2 * torch.sigmoid(logits[..., :n] * self.alpha_post.float() + self.bias[n:2 * n].float())
+            res_logits = logits[..., n:] * self.alpha_res.float() + self.bias[2 * n:].float()
+            res = sinkhorn_knopp(res_logits.unflatten(-1, (n, n)), self.sinkhorn_iters)
+        # StreamMixing's A is indexed [source, target]; the paper's H_res is [target, source].
+        return res.transpose(-1, -2), post
+
+
+class ManifoldConstrainedHyperConnections(MultiStreamResidual):
+    """mHC: n residual streams mixed per sublayer by a doubly stochastic (Sinkhorn-projected) matrix.
+
+    Args:
+        streams: n, the expansion rate (the paper uses 4).
+        sinkhorn_iters: t_max, the Sinkhorn-Knopp iterations (the paper's 20).
+        gating_init: initial alpha_pre, alpha_post, alpha_res, the gates of the input-dependent part (the paper's
+            0.01); 0 starts as the plain residual (with pre-norm sublayers).
+        norm_eps: added to the RMS of the flattened streams (Megatron-LM's 1e-6).
+    """
+
+    reduce = "mean"
+
+    def __init__(self, streams: int = 4, sinkhorn_iters: int = 20, gating_init: float = 0.01, norm_eps: float = 1e-6):
+        super().__init__(streams)
+        if not isinstance(sinkhorn_iters, int) or isinstance(sinkhorn_iters, bool) or sinkhorn_iters < 1:
+            raise ValueError(f"sinkhorn_iters is the number of Sinkhorn-Knopp iterations (the paper uses 20); give an "
+                             f"integer >= 1, got {sinkhorn_iters!r}")
+        self.sinkhorn_iters, self.gating_init, self.norm_eps = sinkhorn_iters, gating_init, norm_eps
+
+    def merge(self, sublayer: str, layer: int, stack: StackInfo) -> ManifoldConstrainedConnection:
+        return ManifoldConstrainedConnection(stack.d_model, self.streams, sinkhorn_iters=self.sinkhorn_iters,
+                                             gating_init=self.gating_init, norm_eps=self.norm_eps)

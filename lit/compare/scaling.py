@@ -1,0 +1,362 @@
+"""Scaling laws and effective-compute multipliers from a ladder of runs, with a paired bootstrap interval.
+
+A ladder trains every variant at several sizes (rungs), each with paired seeds. Per variant, final loss against
+training compute is fitted by a saturating power law
+
+    L(C) = E + A * C^(-alpha)
+
+with the irreducible loss E shared by all variants (or pinned by the user), as architecture papers do when they
+state a gain as a compute multiplier. A variant worth m times the baseline's compute has L_v(C) = L_b(m C), so
+with a shared E the two laws differ in A (and in alpha when the gain changes with scale).
+
+The effective-compute multiplier of a variant, at a compute C it reaches loss L, is the compute the baseline's
+law needs to reach L, divided by C. It is read at every rung (L: the variant's mean loss there) and at a target
+compute (L: the variant's law there). Above 1 the variant is worth more compute than it spends.
+
+Fitting. For a given E, log(L - E) = log A - alpha log C is a straight line per variant, solved in closed form;
+E is chosen on a grid (refined once) to minimise the squared error of all variants in log space, the space
+Hoffmann et al. fit in. Being closed-form, a fit costs microseconds, so the bootstrap refits thousands of
+resampled ladders at once (arrays of shape (resamples, variants, rungs)).
+
+Uncertainty. Seeds pair across variants and rungs (seed i is the init and data-order seed of every run with
+index i), so resampling draws seed indices with replacement and keeps every run of a drawn index together; the
+fit is redone per resample. With the three to five seeds a CPU ladder affords, the percentile interval of so few
+distinct resamples is too narrow; the interval is instead log m-hat +- t(n-1) * SE * sqrt(n / (n - 1)), SE the
+bootstrap standard deviation of log m (a small-sample correction whose coverage ``calibrate`` measures by
+simulation: ``python -m lit.compare.scaling``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+E_GRID = 32  # grid points for the shared irreducible loss, before one refinement around the best
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """Final losses of a ladder: ``loss[v, r, s]`` for variant v, rung r, seed index s (NaN where missing).
+
+    ``compute[v, r]``: the training FLOPs of variant v's runs at rung r (variants may spend different compute
+    at one rung: a plugin that adds matrices adds FLOPs). Variant 0 is the baseline.
+    """
+
+    variants: tuple[str, ...]
+    compute: np.ndarray  # (V, R)
+    loss: np.ndarray  # (V, R, S)
+
+    def __post_init__(self):
+        V, R = self.compute.shape
+        if self.loss.shape[:2] != (V, R) or len(self.variants) != V:
+            raise ValueError(f"shapes disagree: {len(self.variants)} variants, compute {self.compute.shape}, "
+                             f"loss {self.loss.shape}")
+        if R < 3:
+            raise ValueError(f"a scaling law needs at least 3 rungs, got {R}")
+
+
+@dataclass(frozen=True)
+class Laws:
+    """Fitted laws, broadcast over leading dimensions (one per resample): E (...), A and alpha (..., V)."""
+
+    E: np.ndarray
+    A: np.ndarray
+    alpha: np.ndarray
+
+    def _params(self, v: int, trailing: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """E, A and alpha of variant v, with ``trailing`` axes added to broadcast against per-rung arrays."""
+        expand = (...,) + (None,) * trailing
+        return self.E[expand], self.A[..., v][expand], self.alpha[..., v][expand]
+
+    def loss(self, compute: np.ndarray | float, v: int) -> np.ndarray:
+        E, A, alpha = self._params(v, np.ndim(compute))
+        return E + A * np.power(compute, -alpha)
+
+    def compute_for(self, loss: np.ndarray, v: int) -> np.ndarray:
+        """The compute variant v's law needs to reach ``loss`` (inf where it never does: loss <= E).
+
+        ``loss`` has the laws' leading shape, optionally followed by one axis of rungs.
+        """
+        E, A, alpha = self._params(v, np.ndim(loss) - np.ndim(self.E))
+        gap = loss - E
+        with np.errstate(divide="ignore", invalid="ignore"):
+            c = np.power(A / gap, 1.0 / alpha)
+        return np.where(gap > 0, c, np.inf)
+
+
+def _line_fits(x: np.ndarray, y: np.ndarray, common_slope: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least-squares lines y = a_v + b_v x over rungs (last axis) for each variant (second to last), NaN-aware.
+
+    With ``common_slope`` every variant shares one slope (its own intercept): the model of variants that differ
+    by a constant compute multiplier. Returns intercepts (..., V), slopes (..., V) and the total squared error
+    (...).
+    """
+    w = np.isfinite(y)
+    n = w.sum(-1)
+    xw, yw = np.where(w, x, 0.0), np.where(w, y, 0.0)
+    mx, my = xw.sum(-1) / n, yw.sum(-1) / n
+    dx, dy = np.where(w, x - mx[..., None], 0.0), np.where(w, y - my[..., None], 0.0)
+    sxy, sxx = (dx * dy).sum(-1), (dx * dx).sum(-1)
+    b = (sxy.sum(-1) / sxx.sum(-1))[..., None] * np.ones_like(sxy) if common_slope else sxy / sxx
+    a = my - b * mx
+    sse = (np.where(w, y - (a[..., None] + b[..., None] * x), 0.0) ** 2).sum((-2, -1))
+    return a, b, sse
+
+
+def fit_laws(log_compute: np.ndarray, mean_loss: np.ndarray, pinned_E: float | np.ndarray | None = None,
+             common_alpha: bool = False) -> Laws:
+    """Fit L = E + A C^-alpha per variant, E shared (or pinned), on mean losses of shape (..., V, R).
+
+    ``log_compute``: natural log of compute, broadcastable to ``mean_loss``. ``common_alpha``: one exponent for
+    all variants (they differ by a constant multiplier), else one each.
+    """
+    x = np.broadcast_to(log_compute, mean_loss.shape)
+    if pinned_E is not None:
+        E = np.broadcast_to(np.asarray(pinned_E, dtype=float), mean_loss.shape[:-2])
+    else:
+        floor = np.nanmin(mean_loss, axis=(-2, -1))  # E must stay below every observed loss
+        E = _best_E(x, mean_loss, floor * 0.0, floor, common_alpha)
+    a, b, _ = _line_fits(x, np.log(mean_loss - E[..., None, None]), common_alpha)
+    return Laws(E=E, A=np.exp(a), alpha=-b)
+
+
+def _best_E(x: np.ndarray, loss: np.ndarray, lo: np.ndarray, hi: np.ndarray, common_alpha: bool,
+            refine: int = 3) -> np.ndarray:
+    """The shared E in [lo, hi) minimising the total log-space squared error, by a grid refined ``refine`` times."""
+    for _ in range(refine):
+        fractions = np.linspace(0.0, 1.0, E_GRID, endpoint=False)
+        grid = lo[..., None] + (hi - lo)[..., None] * fractions  # (..., K)
+        gap = loss[..., None, :, :] - grid[..., :, None, None]  # (..., K, V, R)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            _, _, sse = _line_fits(x[..., None, :, :], np.log(gap), common_alpha)
+        k = np.nan_to_num(sse, nan=np.inf).argmin(-1)
+        step = (hi - lo) / E_GRID
+        best = lo + step * k
+        lo, hi = np.maximum(lo, best - step), np.minimum(hi, best + step)
+    return best
+
+
+@dataclass(frozen=True)
+class Multipliers:
+    """Effective-compute multipliers of one variant against the baseline, with intervals."""
+
+    variant: str
+    per_rung: np.ndarray  # (R,) point estimates
+    per_rung_interval: np.ndarray  # (R, 2)
+    extrapolated: np.ndarray  # (R,) bool: the baseline never reached this loss; its law was extended to it
+    at_target: float
+    target_interval: tuple[float, float]
+    target_compute: float
+    trend: float  # slope of log(multiplier) against log(compute): 0 when the gain does not change with scale
+    trend_interval: tuple[float, float]
+    alpha: float  # the variant's own fitted exponent, at the shared fit's E (descriptive)
+    alpha_baseline: float
+
+    @property
+    def depends_on_scale(self) -> bool:
+        """Whether the multiplier changes with compute (the exponents differ): then the trend is the answer."""
+        lo, hi = self.trend_interval
+        return lo > 0 or hi < 0
+
+
+def _per_rung(laws: Laws, mean_loss: np.ndarray, log_compute: np.ndarray, v: int) -> tuple[np.ndarray, np.ndarray]:
+    """Variant v's log multiplier at each rung (..., R), and where it needed the baseline's law (R or ..., R).
+
+    Where the baseline's own runs span variant v's mean loss, the compute it needs is read off the baseline's
+    observed curve (piecewise linear in log compute, made monotone), which assumes no law at all; beyond its
+    range the shared law extends it. The law-free reading matters: a ladder pins E down poorly, and a law with
+    the wrong E bends differently at different losses, which would show as a trend that is not there.
+    """
+    base = np.minimum.accumulate(mean_loss[..., 0, :], axis=-1)  # more compute never makes the baseline worse
+    target = mean_loss[..., v, :]
+    x = log_compute[0]
+    R = base.shape[-1]
+    above = (base[..., None, :] > target[..., :, None]).sum(-1)  # baseline rungs still above v's loss
+    inside = (above >= 1) & (above <= R - 1)
+    j = np.clip(above - 1, 0, R - 2)
+    b0, b1 = np.take_along_axis(base, j, -1), np.take_along_axis(base, j + 1, -1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(b0 > b1, (b0 - target) / (b0 - b1), 0.0)
+    interpolated = x[j] + t * (x[j + 1] - x[j])
+    from_law = np.log(laws.compute_for(target, 0))
+    return np.where(inside, interpolated, from_law) - log_compute[v], ~inside
+
+
+def _at(laws: Laws, target: float, v: int) -> np.ndarray:
+    """Variant v's multiplier at the target compute (...), from its law's loss there."""
+    return laws.compute_for(laws.loss(target, v), 0) / target
+
+
+def _slope(y: np.ndarray, x: np.ndarray, use: np.ndarray) -> np.ndarray:
+    """Least-squares slope of y on x along the last axis, over the points ``use`` marks."""
+    w = use.astype(float)
+    mx = (w * x).sum(-1) / w.sum(-1)
+    dx = np.where(use, x - mx[..., None], 0.0)
+    return (dx * np.where(use, y, 0.0)).sum(-1) / (dx * dx).sum(-1)
+
+
+def _seed_means(loss: np.ndarray, draws: np.ndarray | None) -> np.ndarray:
+    """Mean over seeds of loss (V, R, S), for each row of seed-index draws (B, S): (B, V, R); or (V, R)."""
+    if draws is None:
+        return np.nanmean(loss, axis=-1)
+    picked = loss[:, :, draws]  # (V, R, B, S)
+    with np.errstate(invalid="ignore"):
+        return np.moveaxis(np.nanmean(picked, axis=-1), -1, 0)
+
+
+def _half_width(boot: np.ndarray, n: int, confidence: float) -> np.ndarray:
+    """t(n-1) * sd(boot) * sqrt(n / (n-1)), over axis 0 (the resamples), ignoring non-finite values."""
+    finite = np.where(np.isfinite(boot), boot, np.nan)
+    sd = np.sqrt(np.nanvar(finite, axis=0, ddof=1))
+    return scipy_stats.t.ppf(0.5 + confidence / 2, n - 1) * sd * math.sqrt(n / (n - 1))
+
+
+def multipliers(ladder: Ladder, target_compute: float | None = None, pinned_E: float | None = None,
+                resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> list[Multipliers]:
+    """Every non-baseline variant's multiplier per rung and at ``target_compute`` (default: the largest rung's
+    baseline compute), each with its paired-bootstrap interval, and its trend with scale.
+
+    The law is fitted with one exponent shared by all variants (variants that differ by a constant multiplier):
+    against a fit with one exponent each, that halves the estimate's spread and removes its bias when they do
+    scale alike (``python -m lit.compare.scaling`` measures it). Whether they do is tested on the per-rung
+    multipliers, without a law where the baseline's runs allow: the slope of log multiplier on log compute, over
+    the rungs read off the baseline's observed curve (all rungs where fewer than three are). When that slope
+    differs from 0, the multiplier at the target is read from each variant's own exponent instead, and the
+    trend is the answer rather than one number.
+    """
+    n = ladder.loss.shape[-1]
+    if n < 2:
+        raise ValueError("an interval needs at least 2 seeds per run")
+    target = float(target_compute if target_compute is not None else ladder.compute[0, -1])
+    log_c = np.log(ladder.compute)
+    mean = _seed_means(ladder.loss, None)
+    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    boot_mean = _seed_means(ladder.loss, draws)
+    common, boot_common = (fit_laws(log_c, mean, pinned_E, common_alpha=True),
+                           fit_laws(log_c, boot_mean, pinned_E, common_alpha=True))
+    # Each variant's own exponent, at the E of the shared fit (E is what a ladder pins down worst).
+    free, boot_free = fit_laws(log_c, mean, common.E), fit_laws(log_c, boot_mean, boot_common.E)
+    out = []
+    for v in range(1, len(ladder.variants)):
+        log_m, extrapolated = _per_rung(common, mean, log_c, v)
+        boot_log_m, _ = _per_rung(boot_common, boot_mean, log_c, v)
+        use = ~extrapolated if (~extrapolated).sum() >= 3 else np.ones_like(extrapolated)
+        trend = float(_slope(log_m, log_c[v], use))
+        trend_half = float(_half_width(_slope(boot_log_m, log_c[v], use), n, confidence))
+        depends = abs(trend) > trend_half
+        laws, boot_laws = (free, boot_free) if depends else (common, boot_common)
+        log_at, boot_log_at = np.log(_at(laws, target, v)), np.log(_at(boot_laws, target, v))
+        half_at = float(_half_width(boot_log_at, n, confidence))
+        half_rung = _half_width(boot_log_m, n, confidence)
+        out.append(Multipliers(
+            variant=ladder.variants[v], per_rung=np.exp(log_m),
+            per_rung_interval=np.stack([np.exp(log_m - half_rung), np.exp(log_m + half_rung)], axis=-1),
+            extrapolated=extrapolated, at_target=float(np.exp(log_at)),
+            target_interval=(float(np.exp(log_at - half_at)), float(np.exp(log_at + half_at))),
+            target_compute=target, trend=trend, trend_interval=(trend - trend_half, trend + trend_half),
+            alpha=float(free.alpha[v]), alpha_baseline=float(free.alpha[0])))
+    return out
+
+
+def holdout_error(ladder: Ladder, pinned_E: float | None = None) -> np.ndarray:
+    """Out-of-sample check: fit without the largest rung, predict each variant's mean loss there.
+
+    Returns predicted minus observed, per variant (V,). Needs at least 4 rungs (3 to fit).
+    """
+    if ladder.compute.shape[1] < 4:
+        raise ValueError("the hold-out check needs at least 4 rungs: 3 to fit, 1 to predict")
+    mean = _seed_means(ladder.loss, None)
+    laws = fit_laws(np.log(ladder.compute[:, :-1]), mean[:, :-1], pinned_E)
+    predicted = np.array([laws.loss(ladder.compute[v, -1], v) for v in range(len(ladder.variants))])
+    return predicted - mean[:, -1]
+
+
+# --- calibration by simulation ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrueLaw:
+    """The law a simulated baseline follows, and the seed noise of one run.
+
+    The noise is the seed spread this project measured: the 8-layer tinyshakespeare baseline's final validation
+    loss over seeds has a standard deviation of 0.0076 (docs/reproduction.md), at about 3.2e12 training FLOPs
+    (1.72M parameters, 307k tokens) and a loss of 1.977. The shape is an assumption stated here: the ladder spans
+    16x compute around that run, and loss falls 0.07 nats per doubling of compute there (alpha = 0.2).
+    """
+
+    E: float = 1.472
+    A: float = 159.8
+    alpha: float = 0.2
+    noise_sd: float = 0.0076
+    # Correlation of two runs with one seed index (same data order): across variants at a rung, and across rungs.
+    pair_correlation: float = 0.5
+    rungs: tuple[float, ...] = (8e11, 1.6e12, 3.2e12, 6.4e12, 1.28e13)
+
+
+def simulate(law: TrueLaw, multiplier: float, seeds: int, ladders: int, rng: np.random.Generator) -> np.ndarray:
+    """Losses (ladders, 2, R, seeds) of a baseline and a variant worth ``multiplier`` times its compute."""
+    C = np.asarray(law.rungs)
+    mean = np.stack([law.E + law.A * C ** -law.alpha, law.E + law.A * (multiplier * C) ** -law.alpha])
+    R = len(C)
+    shared = rng.standard_normal((ladders, 1, 1, seeds))  # the seed index's own effect, in every run with it
+    rung = rng.standard_normal((ladders, 1, R, seeds))  # the seed's effect at one size, shared by variants
+    own = rng.standard_normal((ladders, 2, R, seeds))
+    rho = law.pair_correlation
+    noise = math.sqrt(rho) * (math.sqrt(0.5) * shared + math.sqrt(0.5) * rung) + math.sqrt(1 - rho) * own
+    return mean[None, :, :, None] + law.noise_sd * noise
+
+
+@dataclass(frozen=True)
+class Calibration:
+    multiplier: float
+    seeds: int
+    ladders: int
+    coverage: float  # fraction of intervals (at the target compute) that contain the true multiplier
+    median_estimate: float
+    relative_bias: float  # median estimate / truth - 1
+    below_one: float  # fraction of point estimates below 1
+    flagged: float  # fraction of ladders whose multiplier was called scale-dependent (none is, in truth)
+
+
+def calibrate(multiplier: float, seeds: int = 3, ladders: int = 400, law: TrueLaw = TrueLaw(),
+              resamples: int = 400, seed: int = 0) -> Calibration:
+    """Simulate ``ladders`` ladders of a baseline and a variant worth ``multiplier``; measure the interval."""
+    rng = np.random.default_rng(seed)
+    losses = simulate(law, multiplier, seeds, ladders, rng)
+    compute = np.stack([np.asarray(law.rungs)] * 2)
+    covered, flagged, estimates = 0, 0, []
+    for i in range(ladders):
+        result = multipliers(Ladder(("baseline", "variant"), compute, losses[i]), resamples=resamples,
+                             seed=int(rng.integers(1 << 31)))[0]
+        lo, hi = result.target_interval
+        covered += lo <= multiplier <= hi
+        flagged += result.depends_on_scale
+        estimates.append(result.at_target)
+    estimates = np.asarray(estimates)
+    median = float(np.median(estimates))
+    return Calibration(multiplier, seeds, ladders, covered / ladders, median, median / multiplier - 1,
+                       float(np.mean(estimates < 1)), flagged / ladders)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lit.compare.scaling",
+                                     description="the multiplier interval's calibration, by simulation")
+    parser.add_argument("--ladders", type=int, default=1000)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[3, 5])
+    args = parser.parse_args(argv)
+    print("| true multiplier | seeds | ladders | coverage of the 95% interval | median estimate | bias | "
+          "estimates below 1 | called scale-dependent |")
+    print("|---|---|---|---|---|---|---|---|")
+    for seeds in args.seeds:
+        for m in (1.0, 1.25, 0.8):
+            c = calibrate(m, seeds=seeds, ladders=args.ladders)
+            print(f"| {m:.2f} | {seeds} | {c.ladders} | {c.coverage:.1%} | {c.median_estimate:.3f} | "
+                  f"{c.relative_bias:+.1%} | {c.below_one:.1%} | {c.flagged:.1%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

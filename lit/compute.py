@@ -1,0 +1,94 @@
+"""Compute accounting: training FLOPs per token (GPT) or per image (ViT), counted on the built model.
+
+Curves drawn against compute, and effective-compute multipliers read off them, need the FLOPs a run spent. They
+are counted from the model as built (whatever its plugins: Pattention's token attention, LAUREL's low-rank
+matrices, hyper-connections' mixing), not from a formula that knows only the baseline: one forward pass of one
+sample runs under ``torch.utils.flop_counter.FlopCounterMode``, which counts every matrix product and the
+attention (``scaled_dot_product_attention`` over the full T x T, as PaLM's and Chinchilla's counts do, with no
+discount for the causal mask). Training costs three forward passes (the backward pass is two: gradients with
+respect to inputs and to weights), the convention of Kaplan et al. and Chinchilla.
+
+Element-wise work (norms, activations, softmax, the residual adds) is not counted, as in those conventions; it
+is a few percent of a transformer's FLOPs at these widths.
+
+``hand_count_gpt`` is the textbook count for the plain GPT (6 N + 12 L d T per token, N the matrix parameters
+applied per token), against which the counted value of the baseline is checked.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from lit.models.gpt import GPT
+from lit.models.transformer import TransformerConfig
+from lit.models.vit import ViT
+
+TRAINING_PASSES = 3  # forward + backward (twice the forward's matrix products)
+
+
+def _forward_flops(model: nn.Module, example: torch.Tensor) -> int:
+    """The FLOPs of one forward pass of ``example`` (batch of one), with no side effect on the model.
+
+    Eval mode keeps batch-statistics norms from updating their running statistics, and the random state is
+    restored, so counting does not change what training does next.
+    """
+    was_training = model.training
+    cpu_rng = torch.get_rng_state()
+    model.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(example)
+    finally:
+        model.train(was_training)
+        torch.set_rng_state(cpu_rng)
+    return counter.get_total_flops()
+
+
+def _device(model: nn.Module) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def gpt_flops_per_token(model: GPT, seq_len: int | None = None) -> float:
+    """Training FLOPs per token of ``model`` at context ``seq_len`` (default: its block size)."""
+    T = seq_len or model.block_size
+    tokens = torch.zeros(1, T, dtype=torch.long, device=_device(model))
+    return TRAINING_PASSES * _forward_flops(model, tokens) / T
+
+
+def vit_flops_per_image(model: ViT, image_size: int, in_chans: int) -> float:
+    """Training FLOPs per image of ``model`` at ``image_size`` x ``image_size`` with ``in_chans`` channels."""
+    images = torch.zeros(1, in_chans, image_size, image_size, device=_device(model))
+    return float(TRAINING_PASSES * _forward_flops(model, images))
+
+
+def hand_count_gpt(arch: TransformerConfig, vocab_size: int, seq_len: int) -> float:
+    """Training FLOPs per token of the plain GPT (linear projections, no stream plugins): 6 N + 12 L d T.
+
+    N counts the matrices applied to each token: per layer q, k, v, out (4 d^2) and the MLP (2 d h, or 3 d h
+    for SwiGLU's value, gate and down), and the LM head (d V). 12 L d T is attention: QK^T and AV, 2 d T
+    multiply-adds each per token and layer, times 3 for training.
+    """
+    d, L, h = arch.d_model, arch.n_layers, arch.resolved_mlp_hidden()
+    mlp = (3 if arch.mlp == "swiglu" else 2) * d * h
+    matrices = L * (4 * d * d + mlp) + d * vocab_size
+    return float(6 * matrices + 12 * L * d * seq_len)
+
+
+def non_embedding_parameters(model: nn.Module) -> int:
+    """Parameters outside the lookup tables (token and position embeddings, class token): Kaplan's N.
+
+    Lookup tables cost no matrix product per token, so scaling laws leave them out. A ViT's patch embedding is
+    a matrix applied to every patch and counts.
+    """
+    tables = [module.weight for module in model.modules() if isinstance(module, nn.Embedding)]
+    tables += [getattr(model, name) for name in ("pos_embed", "cls_token")
+               if isinstance(getattr(model, name, None), nn.Parameter)]
+    skip = {id(t) for t in tables}
+    # A head tied to the token embedding is applied per token: it counts once, as the head.
+    head = getattr(model, "head", None)
+    if isinstance(head, nn.Linear):
+        skip.discard(id(head.weight))
+    return sum(p.numel() for p in model.parameters() if id(p) not in skip)
