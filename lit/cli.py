@@ -107,7 +107,7 @@ class ArchLabCLI(LightningCLI):
         return None if path in LIGHTNING_CHECKPOINT_NAMES else path
 
 
-PROCEDURES = ("convert-norm", "remove-norms")
+PROCEDURES = ("convert-norm", "remove-norms", "layer-skip")
 DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans", "bytes_per_token")
 # --ckpt_path values that Lightning resolves itself (there is no file to check yet), or none at all.
 LIGHTNING_CHECKPOINT_NAMES = (None, "last", "best", "hpc")

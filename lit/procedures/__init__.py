@@ -1,4 +1,5 @@
-"""Procedures on a trained model: converting its norms, removing them, folding them into the next linear.
+"""Procedures on a trained model: converting its norms, removing them, folding them into the next linear,
+measuring how it uses its depth (skipping its layers).
 
 Each command's module has ``main(argv) -> exit code``; ``run`` turns a user error into one ``error:`` line.
 """
@@ -9,7 +10,7 @@ import importlib
 import sys
 
 # Subcommand -> module under lit.procedures with its ``main``.
-COMMANDS = {"convert-norm": "convert_norm", "remove-norms": "remove_norms"}
+COMMANDS = {"convert-norm": "convert_norm", "remove-norms": "remove_norms", "layer-skip": "layer_skip"}
 
 
 def run(command: str, argv: list[str]) -> int:
