@@ -92,15 +92,16 @@ def fit_once(interval: int, steps: int, data: TextDataModule, folder: Path) -> S
     return times
 
 
-def probe_seconds(data: TextDataModule, repeats: int) -> float:
+def probe_seconds(data: TextDataModule, repeats: int, **groups: bool) -> float:
+    """The median time of one probe forward measuring ``groups`` (stream, attention, outliers, contribution)."""
     torch.manual_seed(0)
     model = LanguageModel(vocab_size=data.vocab_size, block_size=BLOCK, arch=TransformerConfig(**ARCH))
     idx = torch.randint(0, data.vocab_size, (DiagnosticsConfig().probe_batch_size, BLOCK))
-    probe(model, idx, stream=True, attention=True)  # untimed: first-call costs
+    probe(model, idx, **groups)  # untimed: first-call costs
     seconds = []
     for _ in range(repeats):
         began = time.perf_counter()
-        probe(model, idx, stream=True, attention=True)
+        probe(model, idx, **groups)
         seconds.append(time.perf_counter() - began)
     return statistics.median(seconds)
 
@@ -140,12 +141,14 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"round {r + 1}/{args.rounds}: off {1e3 * seconds['off'][-1]:.1f} ms/step, "
                   f"on {1e3 * seconds['on'][-1]:.1f} ms/step", flush=True)
     ratios = [on / off for on, off in zip(seconds["on"], seconds["off"], strict=True)]
-    probe_s = probe_seconds(data, repeats=5)
+    probe_s = probe_seconds(data, repeats=5, stream=True, attention=True, outliers=True, contribution=True)
+    probe_old_s = probe_seconds(data, repeats=5, stream=True, attention=True)
     results = {
         "model": {**ARCH, "block_size": BLOCK, "batch_size": BATCH}, "interval": args.interval, "steps": args.steps,
         "rounds": args.rounds, "seconds_per_step": seconds, "overhead_per_round": [r - 1 for r in ratios],
         "overhead_median": statistics.median(ratios) - 1, "record_step_extra_seconds": record_extra,
-        "probe_forward_seconds": probe_s, "seconds_inside_callback_per_fit": [sum(f.values()) for f in inside],
+        "probe_forward_seconds": probe_s, "probe_forward_seconds_stream_attention_only": probe_old_s,
+        "seconds_inside_callback_per_fit": [sum(f.values()) for f in inside],
         "seconds_inside_callback_plain_step_median": statistics.median(
             [v for f in inside for s, v in f.items() if s not in records]),
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -177,7 +180,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"**One recording step** costs {1e3 * extra:.0f} ms more than the median step of its fit "
         f"({100 * extra / on:.0f}% of a step; per record: "
         f"{', '.join(f'{1e3 * e:.0f}' for e in record_extra)} ms); the probe forward alone (probe batch "
-        f"{DiagnosticsConfig().probe_batch_size}, stream and attention) takes {1e3 * probe_s:.0f} ms. Spread over "
+        f"{DiagnosticsConfig().probe_batch_size}; stream, attention, outliers and contribution) takes "
+        f"{1e3 * probe_s:.0f} ms, {1e3 * probe_old_s:.0f} ms of it with stream and attention only. Spread over "
         f"{args.interval} steps that is {100 * extra / on / args.interval:.2f}% of a step.", "",
         f"**Inside the callback** (its hooks timed in place, over the {args.steps} timed steps): "
         f"{1e3 * statistics.median(results['seconds_inside_callback_per_fit']) / args.steps:.2f} ms per step on "

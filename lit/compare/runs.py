@@ -32,6 +32,9 @@ HISTORY_COLUMNS = ("run_id", "key", "step", "timestamp", "value")
 # Diagnostics the report shows (issue 12); other diag/* metrics (per-layer norms, ...) are not read.
 STREAM_RMS_PREFIX = "diag/stream_rms/"
 SPIKE_METRIC = "diag/spike_count"
+# Per-sublayer diagnostics the report draws by depth beside the stream RMS (lit/compare/depth_quantities.py).
+DEPTH_QUANTITY_PREFIXES = ("diag/kurtosis/", "diag/max_median/", "diag/branch_ratio/", "diag/branch_cosine/",
+                           "diag/io_cosine/")
 SYSTEM_PREFIX = "system/"
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
@@ -177,7 +180,7 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
 def is_supporting_metric(key: str) -> bool:
     """Metrics the report reads besides the compared one: size, throughput, batch size, diagnostics."""
     return (key in (protocol.PARAMETERS_METRIC, protocol.ITEMS_PER_STEP_METRIC) or is_throughput_metric(key)
-            or key.startswith(STREAM_RMS_PREFIX) or key == SPIKE_METRIC)
+            or key.startswith(STREAM_RMS_PREFIX) or key == SPIKE_METRIC or key.startswith(DEPTH_QUANTITY_PREFIXES))
 
 
 def is_throughput_metric(key: str) -> bool:
