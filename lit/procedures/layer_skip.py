@@ -177,12 +177,13 @@ def draw(rows: list[Row], path: Path, title: str) -> Path:
             series = [r for r in rows if r.skip.kind == kind]
             ax.plot([r.skip.block for r in series], [getattr(r, value) for r in series], marker=marker,
                     color=color, label=f"skip {kind}" if kind != "block" else "skip block")
-        ax.axhline(0, color="grey", linewidth=0.8)
         ax.set(xlabel="block index", ylabel=label)
         ax.set_xticks(sorted({r.skip.block for r in rows if r.skip.block is not None}))
         ax.grid(alpha=0.3)
         if value == "kl" and min(getattr(r, value) for r in rows if r.skip.block is not None) > 0:
-            ax.set_yscale("log")
+            ax.set_yscale("log")  # KL spans decades; a zero line has no place on it
+        else:
+            ax.axhline(0, color="grey", linewidth=0.8)
     panels[0].legend(fontsize="small")
     fig.suptitle(title, fontsize="medium")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,6 +257,7 @@ def main(argv: list[str]) -> int:
     rows = measure(module, first(datamodule.val_dataloader(), n_batches), args.device)
     classifier = "num_classes" in hparams  # accuracy is the classifier's own metric; a language model's is its loss
     print(table(rows, accuracy=classifier))
-    out = draw(rows, Path(args.out), f"layer-skip: {Path(args.checkpoint).name}")
+    checkpoint = Path(args.checkpoint)
+    out = draw(rows, Path(args.out), f"layer-skip: {checkpoint.parent.name}/{checkpoint.name}")
     print(f"figure: {out}")
     return 0
