@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     on_step = statistics.median(statistics.median(times) for times in on_step_times)  # median step of "on" fits
     spread = ", ".join(f"{100 * o:+.1f}%" for o in results["overhead_per_round"])
     extra = statistics.median(record_extra)
+    default = " (default)" if args.interval == DiagnosticsConfig().interval else ""
     inside_per_step = statistics.median(results["seconds_inside_callback_per_fit"]) / args.steps
     lines = [
         "# Diagnostics overhead (`python -m benchmarks.diagnostics_overhead`)", "",
@@ -183,9 +184,10 @@ def main(argv: list[str] | None = None) -> dict:
         "| diagnostics | ms/step (median over rounds) | min-max over rounds |", "|---|---:|---:|",
         f"| off (`--model.diagnostics.interval=0`) | {1e3 * off:.1f} | "
         f"{1e3 * min(seconds['off']):.1f}-{1e3 * max(seconds['off']):.1f} |",
-        f"| on, every {args.interval} steps (default) | {1e3 * on:.1f} | "
+        f"| on, every {args.interval} steps{default} | {1e3 * on:.1f} | "
         f"{1e3 * min(seconds['on']):.1f}-{1e3 * max(seconds['on']):.1f} |", "",
-        f"**Overhead at the default interval: {100 * results['overhead_median']:+.1f}%** (median over rounds of the "
+        f"**Overhead at interval {args.interval}{default}: {100 * results['overhead_median']:+.1f}%** (median over "
+        "rounds of the "
         f"per-round ratio; per round: {spread}).", "",
         f"**One recording step** costs {1e3 * extra:.0f} ms more than the median step of its fit "
         f"({100 * extra / on:.0f}% of a step; per record: "
