@@ -8,7 +8,8 @@ import pandas as pd
 
 from lit.compare.depth_quantities import LABELS, depth_quantities
 from lit.compare.plots import draw_depth_quantities
-from lit.compare.runs import DEPTH_QUANTITY_PREFIXES, RUN_COLUMNS, Sweep, is_supporting_metric
+from lit.compare.runs import RUN_COLUMNS, Sweep, is_supporting_metric
+from lit.tracking.names import DEPTH_QUANTITY_PREFIXES
 
 SUBLAYERS = ["embedding", "layer00.attn", "layer00.mlp", "layer01.attn", "layer01.mlp", "final"]
 
@@ -22,7 +23,7 @@ def sweep() -> Sweep:
     for variant in ("a", "b"):
         for seed in (0, 1):
             run_id = f"{variant}{seed}"
-            runs.append((run_id, variant, str(seed), seed, None, seed))
+            runs.append((run_id, variant, str(seed), seed, None, seed, "finished", None))
             rows += [(run_id, "val/loss", 100, 0, 3.0)]
             for index, name in enumerate(SUBLAYERS):
                 for step in (0, 100):

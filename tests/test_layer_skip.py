@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit.cli import main
+from lit.commands import main
 from lit.language_model import LanguageModel
 from lit.models import TransformerConfig
 from lit.procedures.checkpoint_io import load_trained_task
