@@ -47,14 +47,19 @@ class TrainedLM:
         return module
 
 
-def read_trained_lm(path: str | Path, command: str) -> TrainedLM:
+def read_checkpoint(path: str | Path, command: str) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """(path, checkpoint, hyperparameters) of a Lightning checkpoint file, or one line saying what is wrong."""
     path = Path(path)
     if not path.is_file():
         raise UserInputError(f"{command}: checkpoint not found: {path} (give a .ckpt file)")
     checkpoint = load_weights_only(path)
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise UserInputError(f"{command}: {path} is not a Lightning checkpoint (it has no state_dict)")
-    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    return path, checkpoint, dict(checkpoint.get("hyper_parameters") or {})
+
+
+def read_trained_lm(path: str | Path, command: str) -> TrainedLM:
+    path, checkpoint, hparams = read_checkpoint(path, command)
     class_path = hparams.get("_class_path", "")
     if not class_path.endswith("LanguageModel") or "arch" not in hparams:
         raise UserInputError(f"{command}: {path} is not a LanguageModel checkpoint ({class_path or 'no model class'}); "
@@ -94,13 +99,7 @@ def load_trained_task(path: str | Path, command: str) -> tuple[L.LightningModule
     hyperparameters and its weights loaded; returns (module, hyperparameters)."""
     import importlib
 
-    path = Path(path)
-    if not path.is_file():
-        raise UserInputError(f"{command}: checkpoint not found: {path} (give a .ckpt file)")
-    checkpoint = load_weights_only(path)
-    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
-        raise UserInputError(f"{command}: {path} is not a Lightning checkpoint (it has no state_dict)")
-    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    path, checkpoint, hparams = read_checkpoint(path, command)
     class_path = hparams.get("_class_path", "")
     module_name, _, class_name = class_path.rpartition(".")
     try:

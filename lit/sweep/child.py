@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from lit.errors import UserInputError
+from lit.errors import UserInputError, find_cause
 from lit.sweep import protocol as P
 from lit.sweep.grid import CONFIG_KEY, Child
 
@@ -177,13 +177,7 @@ def _divergence(exc: BaseException):
     """The ``NonFiniteLossError`` behind a fit that exited (the CLI turns it into one line and an exit)."""
     from lit.callbacks.non_finite import NonFiniteLossError
 
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, NonFiniteLossError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return find_cause(exc, NonFiniteLossError)
 
 
 def load_manifest(path: str | Path) -> dict:
