@@ -1,41 +1,18 @@
-"""Weights that must live on the unit sphere declare it themselves, with the axis to normalise along.
+"""Projecting declared weights back onto the unit sphere (nGPT's renormalisation), on plain tensors and DTensors.
 
-A callback (nGPT's renormalisation) walks modules and asks, instead of matching parameter names:
-parameter names change under wrappers (FSDP, compile) and with every new projection type; the
-module that owns a weight knows which of its axes is d_model.
+Which weights, and along which axis, the modules that own them declare (``declare_unit_norm``, in
+``arch_plugins.declarations``, re-exported here): parameter names change under wrappers (FSDP, compile) and
+with every new projection type; the module that owns a weight knows which of its axes is d_model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 from torch import nn
 
-_ATTR = "unit_norm_dims"
+from arch_plugins.declarations import declare_unit_norm, unit_norm_parameters
 
-
-def declare_unit_norm(module: nn.Module, param_name: str, dim: int) -> None:
-    """Declare that ``module.<param_name>`` must keep unit L2 norm along ``dim``."""
-    if not isinstance(getattr(module, param_name, None), nn.Parameter):
-        raise ValueError(f"{type(module).__name__} has no parameter {param_name!r} to constrain")
-    dims = dict(getattr(module, _ATTR, {}))
-    dims[param_name] = dim
-    # A plain attribute (not a buffer): it survives FSDP/compile wrapping and is not saved in checkpoints.
-    object.__setattr__(module, _ATTR, dims)
-
-
-def unit_norm_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, int]]:
-    """Every declared (qualified name, parameter, dim), each parameter once (tied weights share one)."""
-    seen: set[int] = set()
-    for module_name, module in model.named_modules():
-        for param_name, dim in getattr(module, _ATTR, {}).items():
-            param = getattr(module, param_name)
-            if id(param) in seen:
-                continue
-            seen.add(id(param))
-            yield (f"{module_name}.{param_name}" if module_name else param_name), param, dim
-
+__all__ = ["declare_unit_norm", "unit_norm_parameters", "renormalize_", "is_dtensor"]
 
 @torch.no_grad()
 def renormalize_(model: nn.Module, eps: float = 0.0) -> int:

@@ -1,8 +1,9 @@
 """Loading a smaller model's weights into a larger one: the modules that can grow take their old part.
 
 A module that can grow implements ``grow_from(old_state, *, new_keys, preserve_function)`` (TokenFormer's
-Pattention does). Every other tensor must match the new model exactly, so growth never hides a
-mismatched architecture. Pure PyTorch, for any task model.
+Pattention does) and reports what it grew in one line (``"32 -> 64 tokens"``), or None when it kept its size;
+nothing here knows which modules those are or what their tensors are called. Every other tensor must match
+the new model exactly, so growth never hides a mismatched architecture. Pure PyTorch, for any task model.
 """
 
 from __future__ import annotations
@@ -31,13 +32,12 @@ def load_grown(model: nn.Module, state_dict: dict[str, torch.Tensor], *, new_key
         if not old:
             raise GrowthError(f"the checkpoint has no weights for {name or 'the model'}: "
                               "it is not a smaller version of this model")
-        before = old["key_param_tokens"].shape[0] if "key_param_tokens" in old else None
         try:
-            module.grow_from(old, new_keys=new_keys, preserve_function=preserve_function)
+            report = module.grow_from(old, new_keys=new_keys, preserve_function=preserve_function)
         except (KeyError, ValueError) as exc:
             raise GrowthError(f"{name}: {exc}") from exc
-        if before is not None and before != module.key_param_tokens.shape[0]:
-            grown.append(f"{name}: {before} -> {module.key_param_tokens.shape[0]} tokens")
+        if report:
+            grown.append(f"{name}: {report}")
     growable = {f"{n}." for n, m in model.named_modules() if hasattr(m, "grow_from")}
     expected = {k for k in model.state_dict() if not any(k.startswith(p) for p in growable)}
     missing, unexpected = sorted(expected - remaining.keys()), sorted(remaining.keys() - expected)
@@ -48,5 +48,5 @@ def load_grown(model: nn.Module, state_dict: dict[str, torch.Tensor], *, new_key
         model.load_state_dict(remaining, strict=False)
     except RuntimeError as exc:  # shape mismatch of a tensor that cannot grow
         first = str(exc).strip().splitlines()[-1].strip()
-        raise GrowthError(f"only parameter tokens can grow; {first}") from exc
+        raise GrowthError(f"only modules that implement grow_from can grow; {first}") from exc
     return grown

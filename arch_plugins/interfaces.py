@@ -6,20 +6,19 @@ new branch in the block. The hooks were chosen for the whole zoo the project tar
 norms, layer-dependent norms, nGPT's hypersphere, LAUREL and other multi-state residuals,
 TokenFormer's Pattention), not only for the built-ins.
 
-Two optional declarations let a component tell the outside world what it needs or offers, without the
-block or any callback naming it: a weight that must stay on the unit sphere
-(``arch_plugins.constraints.declare_unit_norm``), and a learned scalar worth watching during training
-(``arch_plugins.diagnostics.declare_diagnostic``; the diagnostics callback records it as
-``diag/scalar/<module path>.<name>``), and a behaviour that follows the step count
-(``arch_plugins.progress.declare_progress_hook``: PRepBN's schedule, BHyT's refresh). A module calls them
-on itself in ``__init__``::
+Besides the hooks, a component tells the outside world what it needs or offers through declarations, all
+in ``arch_plugins.declarations`` (whose docstring lists every one): each parameter's role, weight-decay
+exceptions, weights kept on the unit sphere, learned scalars worth watching, and behaviour that follows the
+step count. A module calls them on itself in ``__init__``, so neither the block nor any callback names it::
 
     class MyNorm(nn.Module):
         def __init__(self, dim):
             super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim))
             self.alpha = nn.Parameter(torch.ones(1))
-            declare_diagnostic(self, "alpha")                           # the parameter as stored
-            declare_diagnostic(self, "gain", lambda m: m.alpha.exp())   # or the value the forward uses
+            declare_role(self, "weight", Role.GAIN)
+            declare_role(self, "alpha", "my_alpha", kind=Kind.SCALAR)   # a plugin's own role
+            declare_diagnostic(self, "alpha")                           # watched during training
 
 Pure PyTorch: nothing here knows about Lightning.
 """
@@ -77,7 +76,9 @@ class Site:
 
 
 class Role:
-    """What a weight matrix does; norm strategies constrain weights and projections choose init by role."""
+    """What a parameter does. Projections get theirs from the block (``ProjectionType.linear(..., role)``) and
+    declare it (``arch_plugins.declarations.declare_role``); norms, residuals and task models declare their own.
+    A plugin may use a role of its own (any other string, declared with its ``Kind``)."""
 
     Q, K, V = "q", "k", "v"
     ATTN_OUT = "attn_out"
@@ -85,11 +86,32 @@ class Role:
     MLP_GATE = "mlp_gate"
     MLP_OUT = "mlp_out"
     FFN = "ffn"  # a whole feed-forward made by the projection type (TokenFormer)
-    EMBEDDING = "embedding"
-    HEAD = "head"
+    EMBEDDING = "embedding"  # token or patch embedding
+    POSITION = "position"  # learned position embedding
+    CLS_TOKEN = "cls_token"  # a learned token prepended to the sequence (ViT)
+    HEAD = "head"  # unembedding / classifier
+    GAIN = "gain"  # a norm's elementwise gain (width-sized)
+    BIAS = "bias"  # any additive bias vector
+    SCALAR = "scalar"  # a single learned number (or a few, independent of width)
 
     # Roles whose output is added to the residual stream: depth-scaled init applies to them.
     WRITES_TO_STREAM = (ATTN_OUT, MLP_OUT, FFN)
+
+
+class Kind:
+    """What optimizers and parametrizations route on: every role has exactly one kind.
+
+    ``hidden``: a matrix both of whose dims grow with width (Muon's domain; muP's matrix-like rules).
+    ``embedding``: maps a finite input (vocabulary, patches, positions) into the width. ``head``: maps the width
+    to a finite output (logits). ``vector``: one dim grows with width (gains, biases). ``scalar``: none does.
+    """
+
+    HIDDEN = "hidden"
+    EMBEDDING = "embedding"
+    HEAD = "head"
+    VECTOR = "vector"
+    SCALAR = "scalar"
+    ALL = (HIDDEN, EMBEDDING, HEAD, VECTOR, SCALAR)
 
 
 class NormStrategy:
@@ -130,7 +152,7 @@ class NormStrategy:
         """Called once per block, after the block is built, with the block itself.
 
         For strategies whose site modules read the weights of the block they sit in: BHyT approximates
-        the MLP-input variance from W_V and W_O, found by role (``arch_plugins.roles.dense_role``), never
+        the MLP-input variance from W_V and W_O, found by role (``arch_plugins.declarations.dense_role``), never
         by attribute name. Most strategies do nothing here.
         """
 
@@ -214,7 +236,8 @@ class ProjectionType:
 
     A projection module must accept (..., d_in) and return (..., d_out). To carry nGPT-style unit-norm
     constraints it implements ``constrain_unit_norm(axis)`` with axis "in" or "out" (which side is
-    d_model), declaring its parameters through ``arch_plugins.constraints.declare_unit_norm``.
+    d_model), declaring its parameters through ``arch_plugins.declarations.declare_unit_norm``. It declares its
+    parameters' roles (``declare_role``) from the ``role`` it is given.
     """
 
     def linear(self, d_in: int, d_out: int, role: str, layer: int, stack: StackInfo, *, bias: bool,

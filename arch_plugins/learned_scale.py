@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from arch_plugins.declarations import declare_role
+from arch_plugins.interfaces import Kind
+
 
 class LearnedScale(nn.Module):
     """A vector (or any shape) whose effective value is ``stored * init / scale * factor``.
@@ -20,11 +23,13 @@ class LearnedScale(nn.Module):
     """
 
     def __init__(self, shape: int | tuple[int, ...], *, init: float, scale: float, factor: float = 1.0,
-                 name: str = "scale"):
+                 name: str = "scale", role: str = "learned_scale", group: str = "other"):
         super().__init__()
         if not scale > 0:
             raise ValueError(f"{name}_scale must be positive (it divides the stored value), got {scale}")
         self.stored = nn.Parameter(torch.full(shape if isinstance(shape, tuple) else (shape,), float(scale)))
+        # One dim of the size the caller gives (d_model, the MLP hidden, the vocabulary): a vector for the optimizer.
+        declare_role(self, "stored", role, kind=Kind.VECTOR, group=group)
         self.init, self.scale, self.factor = float(init), float(scale), float(factor)
         self.name = name  # what the paper calls it (s_qk, s_uv, s_z, alpha): errors and diagnostics say it
         # One Python float: the effective vector costs a single multiply of a small parameter.

@@ -1,4 +1,5 @@
-"""Modules whose behaviour follows training progress declare it themselves, as unit-norm weights do.
+"""Running the training-progress hooks that modules declared (``declare_progress_hook``, in
+``arch_plugins.declarations``, re-exported here).
 
 Some components change with the step count: SLAB's PRepBN moves from LayerNorm to BatchNorm over a
 schedule of steps, BHyT recomputes its variance approximation from the weights every few steps, the
@@ -19,53 +20,20 @@ Pure PyTorch: nothing here knows about Lightning.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 from torch import nn
 
-_ATTR = "progress_hooks"
+from arch_plugins.declarations import (
+    ProgressHook,
+    TrainingProgress,
+    declare_progress_hook,
+    has_progress_hooks,
+    progress_hooks,
+)
 
-
-@dataclass(frozen=True)
-class TrainingProgress:
-    """Where training stands when the hooks are called.
-
-    ``step``: optimizer steps taken so far (0 before the first); ``total_steps``: optimizer steps the run
-    will take, None when the loop does not know (an epoch-bounded run over an iterable of unknown length).
-    """
-
-    step: int
-    total_steps: int | None = None
-
-    def fraction(self) -> float | None:
-        return None if not self.total_steps else min(1.0, self.step / self.total_steps)
-
-
-ProgressHook = Callable[[nn.Module, TrainingProgress], None]
-
-
-def declare_progress_hook(module: nn.Module, fn: ProgressHook) -> None:
-    """Declare that ``fn(module, progress)`` must run once per optimizer step, before its forward pass.
-
-    ``fn`` receives the module (not a closure over it, so no reference cycle is made and the model stays
-    picklable). One hook per module: a later declaration replaces an earlier one.
-    """
-    # A plain attribute (not a buffer, not a submodule): it survives FSDP/compile wrapping, is not saved in
-    # checkpoints, and costs nothing in the forward pass.
-    object.__setattr__(module, _ATTR, fn)
-
-
-def progress_hooks(model: nn.Module) -> Iterator[tuple[str, nn.Module, ProgressHook]]:
-    """Every declared (module path, module, hook) of ``model``, in module order."""
-    for name, module in model.named_modules():
-        fn = getattr(module, _ATTR, None)
-        if fn is not None:
-            yield name, module, fn
-
-
-def has_progress_hooks(model: nn.Module) -> bool:
-    return next(progress_hooks(model), None) is not None
+__all__ = ["ProgressHook", "TrainingProgress", "declare_progress_hook", "has_progress_hooks", "progress_hooks",
+           "advance", "run_hooks"]
 
 
 def advance(model: nn.Module, progress: TrainingProgress) -> int:

@@ -147,33 +147,3 @@ def register(kind: str, name: str, obj: type, *, package: str = "(in-process)", 
 
 def unregister(kind: str, name: str) -> None:
     _LOCAL[kind].pop(name, None)
-
-
-def describe(kind: str, name: str) -> str:
-    """First line of the plugin's docstring; imports it."""
-    doc = inspect.getdoc(load(kind, name)) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
-
-
-def catalogue() -> list[dict[str, str]]:
-    """Every plugin of every kind with its package, version and description.
-
-    Describing imports each plugin; one that fails is reported with a warning and listing goes on.
-    """
-    rows = []
-    for kind in kinds():
-        for name, claims in sorted(_specs(kind).items()):
-            for s in claims:
-                if len(claims) > 1:
-                    description = "CONFLICT: also claimed by " + ", ".join(
-                        c.origin for c in claims if c is not s)
-                    warnings.warn(f"{kind} {name!r} is claimed by several packages", stacklevel=2)
-                else:
-                    try:
-                        description = describe(kind, name)
-                    except PluginError as exc:
-                        warnings.warn(str(exc), stacklevel=2)
-                        description = "BROKEN: fails to import (select it to see why)"
-                rows.append(dict(kind=kind, name=name, package=s.package, version=s.version,
-                                 description=description))
-    return rows

@@ -65,5 +65,5 @@ def load_initial_weights(module: nn.Module, path: str | Path, growth: Growth) ->
         grown = load_grown(module, state_dict, new_keys=growth.new_keys, preserve_function=growth.preserve_function)
     except GrowthError as exc:
         raise UserInputError(f"init_from {path}: {exc}") from exc
-    summary = f"; grew {len(grown)} Pattention layers ({grown[0]}, ...)" if grown else ""
+    summary = f"; grew {len(grown)} modules ({grown[0]}, ...)" if grown else ""
     rank_zero_info(f"Initialised weights from {path}{summary}")

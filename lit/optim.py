@@ -8,12 +8,13 @@ from functools import partial
 import torch
 from torch import nn
 
-from arch_plugins.weight_decay import decays
+from arch_plugins.declarations import decays
 
 
 def adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
     """Matrices (and embeddings) decay; vectors (norm gains, biases, learnable scales) do not, unless the module
-    that owns a parameter declares otherwise (``arch_plugins.weight_decay.declare_weight_decay``)."""
+    that owns a parameter declares otherwise: decay follows each parameter's role
+    (``arch_plugins.declarations.decays``), and ``declare_weight_decay`` overrides it."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = decays(model)
     groups = [

@@ -13,8 +13,14 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from arch_plugins.progress import has_progress_hooks
-from lit.callbacks import RenormalizeUnitNormWeights, ReportTrainingProgress, StopOnNonFiniteLoss, has_unit_norm_weights
+from arch_plugins.declarations import has_progress_hooks
+from lit.callbacks import (
+    LogRoleTable,
+    RenormalizeUnitNormWeights,
+    ReportTrainingProgress,
+    StopOnNonFiniteLoss,
+    has_unit_norm_weights,
+)
 from lit.checkpoints import restore_rng_states, rng_states
 from lit.compute import non_embedding_parameters
 from lit.diagnostics import Diagnostics, DiagnosticsConfig
@@ -99,7 +105,8 @@ class ArchitectureTask(L.LightningModule):
         # Whatever the architecture, weights that declared a unit-norm constraint are kept on the sphere;
         # attached here so that selecting such a plugin on the command line cannot forget the callback.
         # A diverged run stops before it overwrites the last good checkpoint.
-        callbacks: list[L.Callback] = [StopOnNonFiniteLoss()]
+        # The role table is logged once per fit (what each parameter is decides its optimizer group and decay).
+        callbacks: list[L.Callback] = [StopOnNonFiniteLoss(), LogRoleTable()]
         if has_unit_norm_weights(self.model):
             callbacks.append(RenormalizeUnitNormWeights())
         # Likewise for modules that follow the step count (PRepBN's schedule, BHyT's refresh).

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arch_plugins import registry
+from arch_plugins import catalogue, registry
 from tests.conftest import write_distribution
 
 if sys.version_info >= (3, 11):
@@ -69,7 +69,7 @@ def test_registered_by_name_from_its_own_distribution(installed):
     assert spec.package == "arch-lab-scalenorm"
     assert spec.version == "0.1.0"
     assert spec.target == "scalenorm_plugin.norm:ScaleNormStrategy"
-    assert registry.describe("norm", "scalenorm").startswith("Pre-norm with ScaleNorm")
+    assert catalogue.summary(registry.spec("norm", "scalenorm")).startswith("Pre-norm with ScaleNorm")
     # Built-ins are still there, from the main package.
     assert registry.spec("norm", "rmsnorm").package == "arch-lab"
 
@@ -91,6 +91,9 @@ def test_scalenorm_formula_and_init(installed):
     assert isinstance(module, ScaleNorm)
     assert isinstance(module.g, torch.nn.Parameter) and module.g.numel() == 1
     assert module.g.item() == pytest.approx(math.sqrt(d))
+    from arch_plugins.declarations import parameter_roles
+
+    assert [(r.role, r.kind) for r in parameter_roles(module)] == [("scalar", "scalar")]  # it declares its role
 
     torch.manual_seed(0)
     x = torch.randn(3, 5, d) * 7.0

@@ -105,7 +105,7 @@ def test_growth_refuses_what_is_not_growth(tmp_path):
     _, ckpt = _trained_small_lm(tmp_path)
     with pytest.raises(UserInputError, match="cannot grow from 4 to 2"):  # shrinking
         LanguageModel(vocab_size=11, block_size=8, arch=_tokenformer(2), tie_embeddings=True, init_from=ckpt)
-    with pytest.raises(UserInputError, match="only parameter tokens can grow"):  # another vocabulary
+    with pytest.raises(UserInputError, match="only modules that implement grow_from can grow"):  # another vocabulary
         LanguageModel(vocab_size=12, block_size=8, arch=_tokenformer(8), tie_embeddings=True, init_from=ckpt)
     with pytest.raises(UserInputError, match="not a smaller version"):  # another depth
         LanguageModel(vocab_size=11, block_size=8, arch=_tokenformer(8, n_layers=3), tie_embeddings=True,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from arch_plugins import registry
+from arch_plugins import catalogue, registry
 from arch_plugins.interfaces import ResidualHistory, StackInfo
 from arch_plugins.residuals.add import Add
 from arch_plugins.residuals.laurel import LaurelMerge
@@ -33,7 +33,7 @@ def reference_and(causal: bool, **kw) -> tuple[TransformerStack, TransformerStac
 def test_every_variant_is_registered():
     assert set(NAMES) <= set(registry.names("residual"))
     for name in NAMES:
-        assert registry.describe("residual", name).startswith("LAUREL-")
+        assert catalogue.summary(registry.spec("residual", name)).startswith("LAUREL-")
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["lm", "encoder"])

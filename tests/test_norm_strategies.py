@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arch_plugins import registry
+from arch_plugins import catalogue, registry
 from arch_plugins.interfaces import Site, StackInfo
 from arch_plugins.norms.dyt import DynamicTanh, LearnableScale
 from arch_plugins.norms.lns import ScaledNorm
@@ -50,7 +50,7 @@ def run(model: TransformerStack, seed: int = 5) -> torch.Tensor:
 def test_every_strategy_is_registered():
     assert set(NAMES) <= set(registry.names("norm"))
     for name in NAMES:
-        assert registry.describe("norm", name)
+        assert catalogue.summary(registry.spec("norm", name))
 
 
 @CAUSAL

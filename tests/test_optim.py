@@ -58,7 +58,7 @@ def test_the_optimizer_names_no_plugin():
     plugins = {name for kind in ("norm", "residual", "projection") for name in registry.names(kind)}
     assert not words & (plugins | {"alpha", "gamma", "scale", "DynamicTanh"})
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert {m for m in imported if m.startswith("arch_plugins")} == {"arch_plugins.weight_decay"}
+    assert {m for m in imported if m.startswith("arch_plugins")} == {"arch_plugins.declarations"}
 
 
 def test_dyt_decays_its_scalars_in_a_language_model_as_the_reference_does():

@@ -15,6 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from arch_plugins.declarations import declare_roles
+from arch_plugins.interfaces import Role
+
 
 def _all_reduce(t: torch.Tensor) -> torch.Tensor:
     import torch.distributed as dist
@@ -34,6 +37,7 @@ class SyncTokenBatchNorm(nn.Module):
         self.eps, self.momentum, self.sync = eps, momentum, sync
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
+        declare_roles(self, {"weight": Role.GAIN, "bias": Role.BIAS})
         self.register_buffer("running_mean", torch.zeros(dim))
         self.register_buffer("running_var", torch.ones(dim))
 

@@ -16,11 +16,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import NormStrategy, Role, Site, StackInfo
-from arch_plugins.progress import TrainingProgress, declare_progress_hook
+from arch_plugins.declarations import (
+    TrainingProgress,
+    declare_diagnostic,
+    declare_progress_hook,
+    declare_role,
+    dense_role,
+    dense_weight,
+)
+from arch_plugins.interfaces import Kind, NormStrategy, Role, Site, StackInfo
 from arch_plugins.registry import PluginError
-from arch_plugins.roles import dense_role, dense_weight
 
 EPS = 1e-6  # the reference's epsilon inside every rsqrt (hard-coded there)
 # The reference callback's interval when the run's length is unknown: max_steps taken as 25000.
@@ -45,6 +50,9 @@ class BoundedTanh(nn.Module):
         else:
             self.register_buffer("lam", lam_t)
         self.weight = nn.Parameter(torch.ones(dim))
+        declare_role(self, "weight", Role.GAIN)
+        if learnable_lam:
+            declare_role(self, "lam", "bhyt_lambda", kind=Kind.SCALAR, group="norms")
         declare_diagnostic(self, "lam")
 
 

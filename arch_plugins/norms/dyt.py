@@ -7,9 +7,8 @@ import math
 import torch
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import NormStrategy, Site, StackInfo
-from arch_plugins.weight_decay import declare_weight_decay
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles, declare_weight_decay
+from arch_plugins.interfaces import Kind, NormStrategy, Role, Site, StackInfo
 
 # The authors' initial alpha for language models, chosen by width (DyT paper, arXiv 2503.10622, Table 11:
 # "Model width significantly impacts the choice of alpha0, with wider networks requiring smaller values. In
@@ -38,6 +37,8 @@ class DynamicTanh(nn.Module):
         self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        declare_roles(self, {"weight": Role.GAIN, "bias": Role.BIAS})
+        declare_role(self, "alpha", "dyt_alpha", kind=Kind.SCALAR, group="norms")
         declare_diagnostic(self, "alpha")  # the paper tracks how alpha follows 1/std of the input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +52,7 @@ class LearnableScale(nn.Module):
     def __init__(self, init: float):
         super().__init__()
         self.scale = nn.Parameter(torch.full((1,), float(init)))
+        declare_role(self, "scale", "embedding_scale", kind=Kind.SCALAR, group="norms")
         declare_diagnostic(self, "scale")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

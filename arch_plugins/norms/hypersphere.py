@@ -87,7 +87,8 @@ class QKNormScale(nn.Module):
     def __init__(self, num_heads: int, head_dim: int, *, init: float, scale: float, eps: float, kernel: str = "auto"):
         super().__init__()
         self.num_heads, self.head_dim, self.eps, self.kernel = num_heads, head_dim, eps, check_kernel(kernel)
-        self.s_qk = LearnedScale(num_heads * head_dim, init=init, scale=scale, name="s_qk")
+        self.s_qk = LearnedScale(num_heads * head_dim, init=init, scale=scale, name="s_qk", role="ngpt_scale",
+                                 group="norms")
         declare_diagnostic(self, "s_qk", _effective_s_qk)  # mean over heads and channels
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,10 +146,12 @@ class HypersphereStrategy(NormStrategy):
             # The reference multiplies all of u|v by sqrt(d) (the paper: v only). The MLP's output is
             # L2-normalised, so a scalar on u changes nothing; one vector over u|v is one multiply.
             return ScaleBy(LearnedScale(dim, init=self.s_uv_init, scale=self.s_uv_scale,
-                                        factor=math.sqrt(stack.d_model), name="s_uv"))
+                                        factor=math.sqrt(stack.d_model), name="s_uv", role="ngpt_scale",
+                                        group="norms"))
         if site == Site.LOGITS:
             scale = self.s_z_scale if self.s_z_scale is not None else self._base_scale(stack)
-            return ScaleBy(LearnedScale(dim, init=self.s_z_init, scale=scale, name="s_z"))
+            return ScaleBy(LearnedScale(dim, init=self.s_z_init, scale=scale, name="s_z", role="ngpt_scale",
+                                               group="norms"))
         return None  # *_in and final: no norm layers
 
     def qk(self, layer: int, stack: StackInfo) -> nn.Module:

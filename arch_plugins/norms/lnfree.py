@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from arch_plugins.interfaces import NormStrategy, Site, StackInfo
+from arch_plugins.declarations import declare_roles
+from arch_plugins.interfaces import NormStrategy, Role, Site, StackInfo
 
 SITES = (Site.ATTN_IN, Site.MLP_IN, Site.FINAL)
 
@@ -26,6 +27,7 @@ class CentredAffine(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
+        declare_roles(self, {"weight": Role.GAIN, "bias": Role.BIAS})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x - x.mean(dim=-1, keepdim=True)) * self.weight + self.bias

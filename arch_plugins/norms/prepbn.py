@@ -26,10 +26,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import NormStrategy, Site, StackInfo
+from arch_plugins.declarations import TrainingProgress, declare_diagnostic, declare_progress_hook, declare_role
+from arch_plugins.interfaces import Kind, NormStrategy, Site, StackInfo
 from arch_plugins.norms.batch_norm import SyncTokenBatchNorm
-from arch_plugins.progress import TrainingProgress, declare_progress_hook
 
 SITES = (Site.ATTN_IN, Site.MLP_IN, Site.FINAL)
 
@@ -40,6 +39,7 @@ class RepBN(nn.Module):
     def __init__(self, dim: int, eps: float, alpha_init: float, zero_init: bool, sync: bool):
         super().__init__()
         self.alpha = nn.Parameter(torch.full((1,), float(alpha_init)))
+        declare_role(self, "alpha", "repbn_alpha", kind=Kind.SCALAR, group="norms")
         self.bn = SyncTokenBatchNorm(dim, eps=eps, sync=sync)
         if zero_init:  # the reference's LLaMA: gamma = beta = 0 (and alpha = 0), RepBN outputs 0 at init
             nn.init.zeros_(self.bn.weight)

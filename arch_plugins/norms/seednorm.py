@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import NormStrategy, Site, StackInfo
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
+from arch_plugins.interfaces import Kind, NormStrategy, Role, Site, StackInfo
 from arch_plugins.registry import PluginError
 
 # Heads of the multi-head form for encoders: the paper's best for ViT-B (1 head diverged; 8, 16, 32
@@ -30,6 +30,9 @@ class SeeDNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))  # gamma: RMSNorm's gain, under RMSNorm's name
         self.alpha = nn.Parameter(torch.full((dim,), float(alpha_init)))
         self.beta = nn.Parameter(torch.zeros(dim))
+        declare_role(self, "weight", Role.GAIN)
+        # alpha scales the input-dependent part of the gain; beta is the direction it is read along: both width-sized.
+        declare_roles(self, {"alpha": "seednorm_alpha", "beta": "seednorm_beta"}, kind=Kind.VECTOR, group="norms")
         self.dot_scale = 1.0 / (dim // heads) if mean_dot else 1.0
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         # beta is a direction (zero at init, signs cancel in a mean): its L2 norm says how far the gain has

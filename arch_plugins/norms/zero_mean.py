@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from arch_plugins.interfaces import NormStrategy, Site, StackInfo
+from arch_plugins.declarations import declare_roles
+from arch_plugins.interfaces import NormStrategy, Role, Site, StackInfo
 
 NORM_SITES = (Site.ATTN_IN, Site.MLP_IN, Site.FINAL)
 # Everything that writes to the residual stream: the embedding and each sublayer's output.
@@ -47,6 +48,7 @@ class _Affine(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
         self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
+        declare_roles(self, {"weight": Role.GAIN, "bias": Role.BIAS})
 
     def affine(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.weight is None else y * self.weight + self.bias

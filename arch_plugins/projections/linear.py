@@ -6,9 +6,8 @@ from typing import Literal
 
 from torch import nn
 
-from arch_plugins.constraints import declare_unit_norm
+from arch_plugins.declarations import ROLE_GROUPS, Role, declare_role, declare_unit_norm
 from arch_plugins.interfaces import ProjectionType, StackInfo
-from arch_plugins.roles import declare_dense_rows
 
 
 class Linear(nn.Linear):
@@ -31,7 +30,7 @@ class LinearProjection(ProjectionType):
     def linear(self, d_in: int, d_out: int, role: str, layer: int, stack: StackInfo, *, bias: bool,
                init_std: float) -> Linear:
         module = Linear(d_in, d_out, bias=bias, init_std=init_std)
-        declare_dense_rows(module, {role: (0, d_out)})
+        _declare_roles(module, {role: (0, d_out)})
         return module
 
     def fused(self, d_in: int, d_outs: list[int], roles: list[str], layer: int, stack: StackInfo, *,
@@ -39,5 +38,12 @@ class LinearProjection(ProjectionType):
         # Row blocks of one matrix are exactly separate projections (same init, same row constraints).
         module = Linear(d_in, sum(d_outs), bias=bias, init_std=init_std)
         starts = [sum(d_outs[:i]) for i in range(len(d_outs))]
-        declare_dense_rows(module, {r: (s, s + d) for r, s, d in zip(roles, starts, d_outs, strict=True)})
+        _declare_roles(module, {r: (s, s + d) for r, s, d in zip(roles, starts, d_outs, strict=True)})
         return module
+
+
+def _declare_roles(module: Linear, rows: dict[str, tuple[int, int]]) -> None:
+    """The weight's rows by role (a fused matrix keeps its logical matrices apart); the bias counts with them."""
+    declare_role(module, "weight", rows)
+    if module.bias is not None:
+        declare_role(module, "bias", Role.BIAS, group=ROLE_GROUPS.get(next(iter(rows)), "other"))

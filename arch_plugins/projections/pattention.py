@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arch_plugins.constraints import declare_unit_norm
-from arch_plugins.interfaces import ProjectionType, Role, StackInfo
+from arch_plugins.declarations import ROLE_GROUPS, declare_role, declare_unit_norm
+from arch_plugins.interfaces import Kind, ProjectionType, Role, StackInfo
 from arch_plugins.kernels.dispatch import PATTENTION_THETA, check_kernel, use_triton
 from arch_plugins.registry import PluginError
 
@@ -61,7 +61,8 @@ class Pattention(nn.Module):
     """
 
     def __init__(self, d_in: int, d_out: int, n: int, *, activation: Activation = "l2_norm_gelu",
-                 eps: float = 1e-5, key_std: float = 0.02, value_std: float = 0.02, kernel: str = "auto"):
+                 eps: float = 1e-5, key_std: float = 0.02, value_std: float = 0.02, kernel: str = "auto",
+                 group: str = "other"):
         super().__init__()
         if n < 1:
             raise ValueError(f"Pattention needs at least one parameter token, got n={n}")
@@ -72,6 +73,10 @@ class Pattention(nn.Module):
         self.key_param_tokens = nn.Parameter(torch.empty(n, d_in))
         self.value_param_tokens = nn.Parameter(torch.empty(n, d_out))
         self.register_buffer("scale_tokens", torch.tensor(float(n)))
+        # Both token sets are (n, d) with n growing with width (n = d_model or 4 d_model): hidden matrices.
+        # ``group``: the block's projection this Pattention stands for (qkv, attn_out, ffn), for the diagnostics.
+        declare_role(self, "key_param_tokens", "pattention_key", kind=Kind.HIDDEN, group=group)
+        declare_role(self, "value_param_tokens", "pattention_value", kind=Kind.HIDDEN, group=group)
         self.reset_parameters()
 
     @property
@@ -106,8 +111,9 @@ class Pattention(nn.Module):
 
     @torch.no_grad()
     def grow_from(self, old: dict[str, torch.Tensor], *, new_keys: Literal["zero", "init"],
-                  preserve_function: bool) -> None:
-        """Take a smaller Pattention's tokens into the first rows of this one (progressive scaling).
+                  preserve_function: bool) -> str | None:
+        """Take a smaller Pattention's tokens into the first rows of this one (progressive scaling); returns what
+        grew (``"32 -> 64 tokens"``), None when the count is unchanged.
 
         ``old`` holds ``key_param_tokens``, ``value_param_tokens`` and optionally ``scale_tokens``.
         New keys are zero (the paper: new tokens score 0 and GeLU(0) = 0, so they add nothing) or keep
@@ -131,6 +137,7 @@ class Pattention(nn.Module):
             self.key_param_tokens[n_old:].zero_()
         old_scale = old.get("scale_tokens", torch.tensor(float(n_old)))
         self.scale_tokens.fill_(float(old_scale) if preserve_function else float(n_new))
+        return f"{n_old} -> {n_new} tokens" if n_old != n_new else None
 
 
 class PattentionProjection(ProjectionType):
@@ -171,17 +178,17 @@ class PattentionProjection(ProjectionType):
             return self.tokens_out or d
         return self.tokens_qkv or d
 
-    def _make(self, d_in: int, d_out: int, n: int, stack: StackInfo, bias: bool) -> Pattention:
+    def _make(self, d_in: int, d_out: int, n: int, stack: StackInfo, bias: bool, role: str) -> Pattention:
         if bias:
             raise PluginError("projection pattention has no bias (parameter tokens replace the whole matrix); "
                               "set arch.bias=false")
         value_std = self.value_std if self.value_std is not None else 2 / (stack.num_layers * math.sqrt(stack.d_model))
         return Pattention(d_in, d_out, n, activation=self.activation, eps=self.eps, key_std=self.key_std,
-                          value_std=value_std, kernel=self.kernel)
+                          value_std=value_std, kernel=self.kernel, group=ROLE_GROUPS[role])
 
     def linear(self, d_in: int, d_out: int, role: str, layer: int, stack: StackInfo, *, bias: bool,
                init_std: float) -> Pattention:
-        return self._make(d_in, d_out, self._tokens(role, stack), stack, bias)
+        return self._make(d_in, d_out, self._tokens(role, stack), stack, bias, role)
 
     def ffn(self, layer: int, stack: StackInfo, *, bias: bool, init_std: float) -> Pattention:
-        return self._make(stack.d_model, stack.d_model, self._tokens(Role.FFN, stack), stack, bias)
+        return self._make(stack.d_model, stack.d_model, self._tokens(Role.FFN, stack), stack, bias, Role.FFN)

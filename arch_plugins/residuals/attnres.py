@@ -34,8 +34,8 @@ import math
 import torch
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualStream, ResidualType, StackInfo
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
+from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualStream, ResidualType, Role, StackInfo
 
 KEY_NORMS = ("rmsnorm", "rmsnorm_nonparam", "none")
 
@@ -51,6 +51,8 @@ class DepthAttention(nn.Module):
         super().__init__()
         self.query = nn.Parameter(torch.zeros(dim))
         self.key_gain = nn.Parameter(torch.ones(dim)) if key_norm == "rmsnorm" else None
+        declare_role(self, "query", "attnres_query", kind=Kind.VECTOR, group="residual")
+        declare_roles(self, {"key_gain": Role.GAIN}, group="residual")
         self.normalise_keys, self.eps = key_norm != "none", eps
         declare_diagnostic(self, "query_norm", _query_norm)  # |w|: how far this sublayer moved off the average
 

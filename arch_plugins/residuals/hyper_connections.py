@@ -32,8 +32,8 @@ import math
 import torch
 from torch import nn
 
-from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualStream, ResidualType, StackInfo
-from arch_plugins.weight_decay import declare_weight_decay
+from arch_plugins.declarations import declare_role, declare_roles, declare_weight_decay
+from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualStream, ResidualType, Role, StackInfo
 
 
 class StreamMixing(ResidualMerge):
@@ -69,12 +69,23 @@ class HyperConnection(StreamMixing):
         self.static_beta = nn.Parameter(torch.ones(streams))
         # The static matrix is the residual connection itself: decaying it towards zero would erase the identity.
         declare_weight_decay(self, "static_alpha", False)
+        # The stream-mixing weights are n x (n+1) and n numbers, whatever the width.
+        declare_roles(self, {"static_alpha": "hc_static_alpha", "static_beta": "hc_static_beta"}, kind=Kind.SCALAR,
+                      group="residual")
         if dynamic:
             self.norm_gain = nn.Parameter(torch.ones(dim))
             self.dynamic_alpha = nn.Parameter(torch.zeros(dim, streams + 1))
             self.dynamic_alpha_scale = nn.Parameter(torch.tensor(dynamic_scale))
             self.dynamic_beta = nn.Parameter(torch.zeros(dim))
             self.dynamic_beta_scale = nn.Parameter(torch.tensor(dynamic_scale))
+            declare_role(self, "norm_gain", Role.GAIN, group="residual")
+            # d -> n+1 and d -> 1 read-outs of the stream: one dim grows with width.
+            declare_roles(self, {"dynamic_alpha": "hc_dynamic_alpha", "dynamic_beta": "hc_dynamic_beta"},
+                          kind=Kind.VECTOR, group="residual")
+            declare_roles(self, {"dynamic_alpha_scale": "hc_dynamic_scale", "dynamic_beta_scale": "hc_dynamic_scale"},
+                          kind=Kind.SCALAR, group="residual")
+            # A matrix, so it decayed before roles existed (the rule was ndim >= 2); kept so that runs compare.
+            declare_weight_decay(self, "dynamic_alpha", True)
 
     def _dynamic(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """tanh(RMSNorm(H) W) with the reference's RMSNorm, x / max(|x|, 1e-12) * sqrt(d) * gain, folded into the

@@ -45,8 +45,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import ResidualHistory, ResidualMerge, ResidualType, StackInfo
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
+from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualType, StackInfo
 from arch_plugins.registry import PluginError
 from arch_plugins.residuals.add import Add
 
@@ -73,6 +73,8 @@ class LowRank(nn.Module):
             else:  # xavier: the paper's ResNet init
                 nn.init.xavier_uniform_(self.down.weight)
             self.up.weight.zero_()
+        declare_role(self.down, "weight", "laurel_down", kind=Kind.HIDDEN, group="residual")
+        declare_role(self.up, "weight", "laurel_up", kind=Kind.HIDDEN, group="residual")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.up(self.down(x))
@@ -95,6 +97,8 @@ class LaurelMerge(ResidualMerge):
             self.gamma = nn.Parameter(torch.ones(gammas) if self.eq6 else torch.zeros(gammas))
             with torch.no_grad():
                 self.gamma[0] = 1.0
+        declare_roles(self, {"rw_logits": "laurel_weights", "gamma": "laurel_gamma"}, kind=Kind.SCALAR,
+                      group="residual")
         terms = gammas or 1
         self.low_rank = nn.ModuleList(LowRank(dim, rank, a_init) for _ in range(terms)) if rank else None
         # The effective weights, not their logits: alpha and beta as the merge uses them, each gamma_j apart.

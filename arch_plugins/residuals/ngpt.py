@@ -33,7 +33,8 @@ class EigenLerp(ResidualMerge):
 
     def __init__(self, d_model: int, *, init: float, scale: float, absolute: bool, kernel: str = "auto"):
         super().__init__()
-        self.alpha = LearnedScale(d_model, init=init, scale=scale, name="alpha")
+        self.alpha = LearnedScale(d_model, init=init, scale=scale, name="alpha", role="ngpt_eigen_lr",
+                                  group="residual")
         self.absolute, self.kernel = absolute, check_kernel(kernel)
         self._sites: tuple[L2Normalize, L2Normalize] | None = None  # a plain tuple: the block owns the sites
         declare_diagnostic(self, "alpha", _effective_alpha)  # the step size the merge uses, mean over d_model

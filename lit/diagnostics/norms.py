@@ -1,11 +1,10 @@
 """Gradient, weight and update norms per transformer block and per parameter role, global under FSDP2.
 
-A parameter's role comes from its path inside its ``Block`` (the block's own submodule names, which no
-plugin chooses): ``attn.qkv`` -> ``qkv``, ``attn.out`` -> ``attn_out``, ``mlp.up`` -> ``mlp_in`` (value
-and gate of a SwiGLU: the linear projection fuses them into one matrix), ``mlp.down`` -> ``mlp_out``, any
-other ``mlp.*`` -> ``ffn`` (a feed-forward made by the projection type, e.g. Pattention), the norm
-strategy's modules (``*_in``, ``*_out``, ``*_after_add`` sites, ``mlp.hidden``, ``attn.qk``,
-``attn.qk_before_rope``) -> ``norms``, the residual's merges (``*_merge``) -> ``residual``, anything else -> ``other``.
+A parameter's group inside its block is the one its declared role reports under
+(``arch_plugins.declarations.parameter_roles``, field ``group``): ``qkv`` (q, k, v and their bias), ``attn_out``,
+``mlp_in`` (value and gate of a SwiGLU), ``mlp_out``, ``ffn`` (a feed-forward made by the projection type, e.g.
+Pattention), ``norms`` (the norm strategy's gains, biases and scalars), ``residual`` (the residual type's own
+parameters), ``other`` for a parameter whose module declared no role.
 
 Norms are global, never per shard. Under FSDP2 every parameter (and its gradient) is a DTensor sharded on
 dim 0 of a 1-D mesh: each rank squares and sums its local shard and ONE all-reduce adds the per-parameter
@@ -22,30 +21,11 @@ import torch
 from torch import nn
 
 from arch_plugins.constraints import is_dtensor
+from arch_plugins.declarations import role_declarations
 from lit.errors import UserInputError
-from lit.models.transformer import MLP, Block
 from lit.parallel import blocks as model_blocks
 
 GLOBAL = "global"
-# Path segments that wrappers may insert (torch.compile of a whole module, checkpoint and FSDP1 wrappers).
-WRAPPERS = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
-
-
-def block_role(block: Block, path: str) -> str:
-    """The role of the parameter at ``path`` (relative to ``block``), from the block's submodule names."""
-    parts = [p for p in path.split(".") if p not in WRAPPERS]
-    first, second = parts[0], (parts[1] if len(parts) > 2 else "")
-    if first == "attn":
-        return {"qkv": "qkv", "out": "attn_out", "qk": "norms", "qk_before_rope": "norms"}.get(second, "other")
-    if first == "mlp":
-        if not isinstance(block.mlp, MLP):
-            return "ffn"
-        return {"up": "mlp_in", "down": "mlp_out", "hidden": "norms"}.get(second, "other")
-    if first.endswith("_merge"):
-        return "residual"
-    if first.endswith(("_in", "_out", "_after_add")):
-        return "norms"
-    return "other"
 
 
 def layer_name(index: int) -> str:
@@ -61,10 +41,12 @@ class ParameterGroups:
 
     def __init__(self, model: nn.Module):
         blocks = model_blocks(model)
+        roles = role_declarations(model)
         where: dict[int, list[str]] = {}
         for index, block in enumerate(blocks):
-            for path, param in block.named_parameters():
-                where.setdefault(id(param), [layer_name(index), f"{layer_name(index)}.{block_role(block, path)}"])
+            for param in block.parameters():
+                group = roles[id(param)][1].group if id(param) in roles else "other"
+                where.setdefault(id(param), [layer_name(index), f"{layer_name(index)}.{group}"])
         self.params: list[nn.Parameter] = []
         self.groups: list[str] = [GLOBAL]
         members: list[tuple[int, int]] = []  # (parameter index, group index)

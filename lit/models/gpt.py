@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from arch_plugins.declarations import declare_role
 from arch_plugins.interfaces import Role, Site
 from lit.errors import ArchitectureError
 from lit.models.transformer import TransformerConfig, TransformerStack
@@ -25,8 +26,13 @@ class GPT(nn.Module):
         self.stack = TransformerStack(arch, causal=True, max_len=block_size)
         self.head = nn.Linear(d, vocab_size, bias=False)
         nn.init.normal_(self.head.weight, std=arch.init_std)
+        declare_role(self.tok, "weight", Role.EMBEDDING)
+        if self.pos is not None:
+            declare_role(self.pos, "weight", Role.POSITION)
         if tie_embeddings:
-            self.head.weight = self.tok.weight
+            self.head.weight = self.tok.weight  # one parameter, one role: the embedding's
+        else:
+            declare_role(self.head, "weight", Role.HEAD)
         self.logits = self.stack.site(Site.LOGITS, vocab_size)
         # Both matrices are (vocab, d): d_model is dim 1.
         self.stack.constrain(self.tok, Role.EMBEDDING, dim=1)

@@ -12,6 +12,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from arch_plugins.declarations import declare_roles
 from arch_plugins.interfaces import Role, Site
 from lit.errors import ArchitectureError
 from lit.models.transformer import TransformerConfig, TransformerStack
@@ -79,6 +80,9 @@ class ViT(nn.Module):
         nn.init.normal_(self.head.weight, std=arch.init_std)
         nn.init.zeros_(self.head.bias)
         self.logits = self.stack.site(Site.LOGITS, num_classes)
+        declare_roles(self.patch, {"weight": Role.EMBEDDING, "bias": Role.BIAS})
+        declare_roles(self, {"cls_token": Role.CLS_TOKEN, "pos_embed": Role.POSITION})  # a sincos table is a buffer
+        declare_roles(self.head, {"weight": Role.HEAD, "bias": Role.BIAS})
         # The patch embedding writes d_model vectors (like a token embedding: dim 0 of the conv weight);
         # the head reads them (dim 1).
         self.stack.constrain(self.patch, Role.EMBEDDING, dim=0)

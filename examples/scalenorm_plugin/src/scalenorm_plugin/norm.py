@@ -12,7 +12,8 @@ import math
 import torch
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
+from arch_plugins.declarations import declare_diagnostic, declare_role
+from arch_plugins.interfaces import Role
 from arch_plugins.norms.prenorm import PreNorm
 
 
@@ -25,6 +26,8 @@ class ScaleNorm(nn.Module):
         g = torch.tensor(math.sqrt(dim))
         if learnable:
             self.g = nn.Parameter(g)
+            # What g is, for arch-lab's optimizers and role table (docs/plugins/declarations.md in arch-lab).
+            declare_role(self, "g", Role.SCALAR)
             # arch-lab's diagnostics callback logs it as diag/scalar/<module path>.g; it names no plugin.
             declare_diagnostic(self, "g")
         else:

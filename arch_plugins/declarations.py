@@ -1,0 +1,426 @@
+"""What a module tells the outside world about itself, declared where it is built and read without naming it.
+
+The block, the optimizer, the callbacks and the diagnostics never match parameter names or know plugins: the
+module that owns a parameter declares what the others need to know, once, in its ``__init__`` (or the code
+that builds it, right after). Every declaration below is stored the same way, read by a walker over
+``model.named_modules()``:
+
+- ``declare_role(module, "weight", Role.ATTN_OUT)``: what a parameter is (its role, and the role's kind:
+  hidden matrix, embedding, head, vector, scalar), read by ``parameter_roles(model)`` for optimizers,
+  parametrizations, weight decay, diagnostics and the run's role table. A fused matrix declares its row
+  slices (``{Role.Q: (0, d), Role.K: (d, 2 d), Role.V: (2 d, 3 d)}``), found by ``dense_role``.
+- ``declare_weight_decay(module, "alpha", True)``: an exception to the role's decay default.
+- ``declare_unit_norm(module, "weight", dim)``: a weight kept on the unit sphere (nGPT's renormalisation).
+- ``declare_diagnostic(module, "alpha", fn=None)``: a learned scalar worth watching (``diag/scalar/...``).
+- ``declare_progress_hook(module, fn)``: a behaviour that follows the optimizer step (PRepBN, BHyT).
+
+Every parameter of every registered plugin must have exactly one role (a test checks; torch's own
+normalisation layers, which cannot declare, are known by type: their weight is a gain, their bias a bias).
+Declarations live in one plain attribute per module (not a buffer, not a submodule): they survive FSDP and
+compile wrapping, are not saved in checkpoints and cost nothing in the forward pass. Parameters are looked
+up by name when asked, so a wrapper that swaps them (FSDP2's DTensors) is followed.
+
+Pure PyTorch: nothing here knows about Lightning.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from arch_plugins.interfaces import Kind, Role
+
+_ATTR = "arch_declarations"
+
+
+def _declare(module: nn.Module, what: str, key: str, value: Any) -> None:
+    """Record ``value`` under ``what``/``key`` on ``module`` (a later declaration of the same key replaces it)."""
+    everything = dict(getattr(module, _ATTR, {}))
+    entries = dict(everything.get(what, {}))
+    entries[key] = value
+    everything[what] = entries
+    object.__setattr__(module, _ATTR, everything)  # a plain attribute: see the module docstring
+
+
+def _declared(module: nn.Module, what: str) -> dict[str, Any]:
+    return getattr(module, _ATTR, {}).get(what, {})
+
+
+def _walk(model: nn.Module, what: str) -> Iterator[tuple[str, nn.Module, str, Any]]:
+    """Every (module path, module, key, value) declared under ``what`` in ``model``, in module order."""
+    for module_name, module in model.named_modules():
+        for key, value in _declared(module, what).items():
+            yield module_name, module, key, value
+
+
+def _qualified(module_name: str, name: str) -> str:
+    return f"{module_name}.{name}" if module_name else name
+
+
+def _parameter(module: nn.Module, param_name: str, purpose: str) -> None:
+    if not isinstance(getattr(module, param_name, None), nn.Parameter):
+        raise ValueError(f"{type(module).__name__} has no parameter {param_name!r} to {purpose}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Roles
+
+# The kind of every built-in role: what optimizers (Muon takes hidden matrices) and parametrizations (muP's
+# matrix-like vs vector-like rules) route on.
+ROLE_KINDS: dict[str, str] = {
+    Role.Q: Kind.HIDDEN, Role.K: Kind.HIDDEN, Role.V: Kind.HIDDEN, Role.ATTN_OUT: Kind.HIDDEN,
+    Role.MLP_IN: Kind.HIDDEN, Role.MLP_GATE: Kind.HIDDEN, Role.MLP_OUT: Kind.HIDDEN, Role.FFN: Kind.HIDDEN,
+    Role.EMBEDDING: Kind.EMBEDDING, Role.POSITION: Kind.EMBEDDING, Role.CLS_TOKEN: Kind.EMBEDDING,
+    Role.HEAD: Kind.HEAD,
+    Role.GAIN: Kind.VECTOR, Role.BIAS: Kind.VECTOR, Role.SCALAR: Kind.SCALAR,
+}
+
+# The per-layer group each built-in role is reported under by the diagnostics (``diag/grad_norm/layerNN.<group>``).
+ROLE_GROUPS: dict[str, str] = {
+    Role.Q: "qkv", Role.K: "qkv", Role.V: "qkv", Role.ATTN_OUT: "attn_out", Role.MLP_IN: "mlp_in",
+    Role.MLP_GATE: "mlp_in", Role.MLP_OUT: "mlp_out", Role.FFN: "ffn",
+    Role.GAIN: "norms", Role.BIAS: "norms", Role.SCALAR: "norms",
+}
+
+# Whether a kind decays by default (nanoGPT's rule: matrices and embeddings do, vectors and scalars do not).
+KIND_DECAYS: dict[str, bool] = {Kind.HIDDEN: True, Kind.EMBEDDING: True, Kind.HEAD: True, Kind.VECTOR: False,
+                                Kind.SCALAR: False}
+
+
+@dataclass(frozen=True)
+class RoleDeclaration:
+    """What one parameter is. ``rows``: for a fused matrix, the logical matrices it holds, as (role, start, stop)
+    along dim 0 (its output rows); a whole parameter has one row block."""
+
+    role: str
+    kind: str
+    group: str
+    rows: tuple[tuple[str, int, int], ...] | None = None
+
+
+@dataclass(frozen=True)
+class ParameterRole:
+    """One trainable parameter with its role: ``parameter_roles``' answer.
+
+    ``slices`` lists the logical matrices of a fused parameter as (role, start, stop) along dim 0, e.g. a q|k|v
+    weight gives ``(("q", 0, d), ("k", d, 2d), ("v", 2d, 3d))``; None for a parameter that is one thing.
+    ``role`` of a fused parameter joins its parts (``"q|k|v"``); they always share one ``kind``.
+    """
+
+    name: str
+    param: nn.Parameter
+    role: str
+    kind: str
+    group: str
+    slices: tuple[tuple[str, int, int], ...] | None = None
+
+
+class UndeclaredRoleError(ValueError):
+    """A trainable parameter has no role (or two)."""
+
+
+def declare_role(module: nn.Module, param_name: str, role: str | dict[str, tuple[int, int]], *,
+                 kind: str | None = None, group: str | None = None) -> None:
+    """Declare what ``module.<param_name>`` is.
+
+    ``role``: a built-in role (``arch_plugins.interfaces.Role``), a plugin's own role name (then ``kind`` is
+    required: one of ``arch_plugins.interfaces.Kind``), or, for a fused matrix, ``{role: (start, stop)}`` row
+    slices of the weight (shape (d_out, d_in)) covering all its rows, all of one kind. ``group``: where the
+    diagnostics report it per layer (default: the role's, e.g. ``qkv``, ``norms``; plugin roles: ``other``).
+    """
+    _parameter(module, param_name, "declare a role for")
+    param = getattr(module, param_name)
+    if isinstance(role, dict):
+        if not role:
+            raise ValueError("declare_role needs at least one row slice")
+        rows = tuple(sorted(((r, int(a), int(b)) for r, (a, b) in role.items()), key=lambda part: part[1]))
+        if rows[0][1] != 0 or rows[-1][2] != param.shape[0] or any(
+                prev[2] != nxt[1] for prev, nxt in zip(rows, rows[1:], strict=False)):
+            raise ValueError(f"the row slices {dict(role)} of {type(module).__name__}.{param_name} must tile its "
+                             f"{param.shape[0]} rows without gap or overlap")
+        kinds = {_kind(r, kind) for r, _, _ in rows}
+        if len(kinds) > 1:
+            raise ValueError(f"the parts of a fused parameter must share one kind, got {sorted(kinds)}")
+        names = [r for r, _, _ in rows]
+        declaration = RoleDeclaration("|".join(names), kinds.pop(), group or ROLE_GROUPS.get(names[0], "other"),
+                                      rows if len(rows) > 1 else None)
+    else:
+        declaration = RoleDeclaration(role, _kind(role, kind), group or ROLE_GROUPS.get(role, "other"),
+                                      None)
+    _declare(module, "role", param_name, declaration)
+
+
+def _kind(role: str, kind: str | None) -> str:
+    if kind is None:
+        if role not in ROLE_KINDS:
+            raise ValueError(f"role {role!r} is not built in ({', '.join(ROLE_KINDS)}); a plugin's own role "
+                             f"says its kind: declare_role(module, name, {role!r}, kind=Kind.VECTOR) "
+                             f"(one of {', '.join(Kind.ALL)})")
+        return ROLE_KINDS[role]
+    if kind not in Kind.ALL:
+        raise ValueError(f"unknown kind {kind!r}; use one of {', '.join(Kind.ALL)}")
+    return kind
+
+
+def declare_roles(module: nn.Module, roles: dict[str, str], **options: Any) -> None:
+    """``declare_role`` for several parameters of one module: ``{param_name: role}`` (same ``kind``/``group``).
+
+    Names that are not parameters of the module now (a bias switched off, a table kept as a fixed buffer) are
+    skipped, so a module declares its optional parameters in one line; the every-plugin test catches a typo.
+    """
+    for param_name, role in roles.items():
+        if isinstance(getattr(module, param_name, None), nn.Parameter):
+            declare_role(module, param_name, role, **options)
+
+
+# Torch's own normalisation layers cannot declare: known by type, their affine weight is a gain, their bias a bias.
+_TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)
+
+
+def _role_of(module: nn.Module, param_name: str) -> RoleDeclaration | None:
+    declared = _declared(module, "role").get(param_name)
+    if declared is None and isinstance(module, _TORCH_NORMS) and param_name in ("weight", "bias"):
+        role = Role.GAIN if param_name == "weight" else Role.BIAS
+        return RoleDeclaration(role, ROLE_KINDS[role], ROLE_GROUPS[role])
+    return declared
+
+
+def role_declarations(model: nn.Module) -> dict[int, tuple[str, RoleDeclaration]]:
+    """``{id(parameter): (qualified name, declaration)}``; a parameter declared as two different things is an error."""
+    found: dict[int, tuple[str, RoleDeclaration]] = {}
+    for module_name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            declaration = _role_of(module, param_name)
+            if declaration is None:
+                continue
+            name = _qualified(module_name, param_name)
+            if id(param) in found and found[id(param)][1] != declaration:
+                raise UndeclaredRoleError(
+                    f"{name} is declared as {declaration.role!r} and, as {found[id(param)][0]}, as "
+                    f"{found[id(param)][1].role!r}: a (tied) parameter has exactly one role; declare it once")
+            found.setdefault(id(param), (name, declaration))
+    return found
+
+
+def parameter_roles(model: nn.Module, *, strict: bool = True) -> list[ParameterRole]:
+    """Every trainable parameter of ``model`` once (tied ones once), in ``model.named_parameters()`` order,
+    with its role.
+
+    ``strict``: an undeclared parameter is an error that says how to declare it; otherwise it is returned with
+    role ``undeclared`` and the kind its shape suggests (for third-party plugins that predate roles).
+    """
+    declared = role_declarations(model)
+    result = []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if id(param) in declared:
+            d = declared[id(param)][1]
+            result.append(ParameterRole(name, param, d.role, d.kind, d.group, d.rows))
+        elif strict:
+            module, _, attr = name.rpartition(".")
+            raise UndeclaredRoleError(
+                f"parameter {name} (shape {tuple(param.shape)}) has no role: the module that owns it declares one "
+                f"where it is built, e.g. declare_role(self, {attr!r}, Role.GAIN) or, for a plugin's own "
+                f"parameter, declare_role(self, {attr!r}, 'my_role', kind=Kind.VECTOR) "
+                f"(arch_plugins.declarations; see docs/plugins/declarations.md)")
+        else:
+            kind = Kind.HIDDEN if param.dim() >= 2 else Kind.VECTOR
+            result.append(ParameterRole(name, param, UNDECLARED, kind, "other"))
+    return result
+
+
+UNDECLARED = "undeclared"
+
+
+def role_table(model: nn.Module, *, strict: bool = False) -> list[dict[str, Any]]:
+    """One row per role: role, kind, how many parameter tensors and how many numbers (fused parts counted
+    by their slices), and whether it decays by default. For logging at the start of a run."""
+    decay = decays(model)
+    rows: dict[str, dict[str, Any]] = {}
+    for p in parameter_roles(model, strict=strict):
+        # Shapes only (an FSDP2 DTensor reports its global shape): nothing here reads values or starts collectives.
+        numel, first = p.param.numel(), (p.param.shape[0] if p.param.dim() else 1)
+        for role, start, stop in p.slices or ((p.role, 0, first),):
+            row = rows.setdefault(role, {"role": role, "kind": p.kind, "tensors": 0, "parameters": 0,
+                                         "decay": decay[id(p.param)]})
+            row["tensors"] += 1
+            row["parameters"] += numel // first * (stop - start)
+    return sorted(rows.values(), key=lambda r: (list(Kind.ALL).index(r["kind"]), r["role"]))
+
+
+def format_role_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'role':<24} {'kind':<10} {'tensors':>7} {'parameters':>12}  decay"]
+    lines += [f"{r['role']:<24} {r['kind']:<10} {r['tensors']:>7} {r['parameters']:>12,}  {r['decay']}"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def declare_dense_rows(module: nn.Module, rows: dict[str, tuple[int, int]]) -> None:
+    """Declare that rows ``start:stop`` of ``module.weight`` (shape (d_out, d_in)) compute role ``role``:
+    ``declare_role(module, "weight", rows)``."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"{type(module).__name__} has no 2-D weight whose rows could play roles")
+    declare_role(module, "weight", rows)
+
+
+def dense_role(within: nn.Module, role: str) -> tuple[nn.Module, int, int] | None:
+    """The (module, start, stop) inside ``within`` whose ``weight`` rows ``start:stop`` compute ``role``, or None.
+
+    Only weights that really are ``x @ W.T`` declare built-in projection roles on ``weight`` (a Pattention's
+    parameter tokens have roles of their own), so a component that needs a matrix finds none there. The module
+    is returned rather than the tensor: wrappers that swap parameters (FSDP2) are followed when it is read.
+    """
+    for module in within.modules():
+        declared = _declared(module, "role").get("weight")
+        if declared is None:
+            continue
+        for part, start, stop in declared.rows or ((declared.role, 0, module.weight.shape[0]),):
+            if part == role:
+                return module, start, stop
+    return None
+
+
+def dense_weight(found: tuple[nn.Module, int, int]) -> torch.Tensor:
+    """The rows of a ``dense_role`` result, as the module holds them now."""
+    module, start, stop = found
+    return module.weight[start:stop]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Weight decay
+
+
+def declare_weight_decay(module: nn.Module, param_name: str, decay: bool) -> None:
+    """Declare that ``module.<param_name>`` decays (``True``) or not (``False``), whatever its role's default."""
+    _parameter(module, param_name, "declare weight decay for")
+    if not isinstance(decay, bool):
+        raise TypeError(f"decay must be True or False, got {decay!r}")
+    _declare(module, "weight_decay", param_name, decay)
+
+
+def declared_weight_decay(model: nn.Module) -> Iterator[tuple[nn.Parameter, bool]]:
+    """Every declared (parameter, decay) of ``model``, in module order."""
+    for _, module, param_name, decay in _walk(model, "weight_decay"):
+        yield getattr(module, param_name), decay
+
+
+def decays(model: nn.Module) -> dict[int, bool]:
+    """Whether each parameter of ``model`` decays, by ``id``: its declaration, else its role's kind (hidden
+    matrices, embeddings and heads decay; vectors and scalars do not), else (no role) ``ndim >= 2``.
+
+    A parameter declared twice with different answers (a tied weight whose two owners disagree) is an error.
+    """
+    roles = role_declarations(model)
+    result = {id(p): KIND_DECAYS[roles[id(p)][1].kind] if id(p) in roles else p.dim() >= 2
+              for p in model.parameters()}
+    declared: dict[int, bool] = {}
+    for param, decay in declared_weight_decay(model):
+        if declared.setdefault(id(param), decay) != decay:
+            raise ValueError("a parameter is declared both to decay and not to decay (tied weights disagree)")
+        result[id(param)] = decay
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Unit-norm constraints
+
+
+def declare_unit_norm(module: nn.Module, param_name: str, dim: int) -> None:
+    """Declare that ``module.<param_name>`` must keep unit L2 norm along ``dim`` (renormalised after each step)."""
+    if not isinstance(getattr(module, param_name, None), nn.Parameter):
+        raise ValueError(f"{type(module).__name__} has no parameter {param_name!r} to constrain")
+    _declare(module, "unit_norm", param_name, dim)
+
+
+def unit_norm_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, int]]:
+    """Every declared (qualified name, parameter, dim), each parameter once (tied weights share one)."""
+    seen: set[int] = set()
+    for module_name, module, param_name, dim in _walk(model, "unit_norm"):
+        param = getattr(module, param_name)
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        yield _qualified(module_name, param_name), param, dim
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Diagnostic scalars
+
+ScalarFn = Callable[[nn.Module], torch.Tensor]
+
+
+def declare_diagnostic(module: nn.Module, name: str, fn: ScalarFn | None = None) -> None:
+    """Declare that ``fn(module)`` (default: the parameter or buffer ``module.<name>``) is worth recording as ``name``.
+
+    ``fn`` receives the module (not a closure over it, so no reference cycle is made and a module-level
+    function or ``functools.partial`` keeps the model picklable). It is called under ``torch.no_grad``,
+    at most every few steps; under FSDP2 the parameters it reads are DTensor shards, and plain tensor
+    operations on them give the global value (the caller gathers the result). A value with several elements
+    is reported as its mean.
+    """
+    if not name or "/" in name:
+        raise ValueError(f"a diagnostic name must be a non-empty metric name without '/', got {name!r}")
+    if fn is None:
+        if not isinstance(getattr(module, name, None), torch.Tensor):
+            raise ValueError(f"{type(module).__name__} has no tensor {name!r} to record; pass fn")
+        fn = operator.attrgetter(name)
+    _declare(module, "diagnostic", name, fn)
+
+
+def declared_diagnostics(model: nn.Module) -> Iterator[tuple[str, nn.Module, ScalarFn]]:
+    """Every declared (``<module path>.<name>``, module, fn) of ``model``, in module order."""
+    for module_name, module, name, fn in _walk(model, "diagnostic"):
+        yield _qualified(module_name, name), module, fn
+
+
+def has_diagnostics(model: nn.Module) -> bool:
+    return next(declared_diagnostics(model), None) is not None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training-progress hooks
+
+
+@dataclass(frozen=True)
+class TrainingProgress:
+    """Where training stands when the hooks are called.
+
+    ``step``: optimizer steps taken so far (0 before the first); ``total_steps``: optimizer steps the run
+    will take, None when the loop does not know (an epoch-bounded run over an iterable of unknown length).
+    """
+
+    step: int
+    total_steps: int | None = None
+
+    def fraction(self) -> float | None:
+        return None if not self.total_steps else min(1.0, self.step / self.total_steps)
+
+
+ProgressHook = Callable[[nn.Module, TrainingProgress], None]
+
+
+def declare_progress_hook(module: nn.Module, fn: ProgressHook) -> None:
+    """Declare that ``fn(module, progress)`` must run once per optimizer step, before its forward pass.
+
+    ``fn`` receives the module (not a closure over it, so no reference cycle is made and the model stays
+    picklable). One hook per module: a later declaration replaces an earlier one. A hook depends only on
+    ``progress`` (a resumed run calls it at the step it resumes from) and starts no collectives.
+    """
+    _declare(module, "progress", "hook", fn)
+
+
+def progress_hooks(model: nn.Module) -> Iterator[tuple[str, nn.Module, ProgressHook]]:
+    """Every declared (module path, module, hook) of ``model``, in module order."""
+    for module_name, module, _, fn in _walk(model, "progress"):
+        yield module_name, module, fn
+
+
+def has_progress_hooks(model: nn.Module) -> bool:
+    return next(progress_hooks(model), None) is not None
