@@ -1,0 +1,88 @@
+"""Per-parameter settings from declared roles: learning-rate and weight-decay multipliers, and param groups.
+
+A recipe writes multipliers keyed by a role (``embedding``, ``head``, ``q``, a plugin's own role) or by a kind
+(``hidden``, ``embedding``, ``head``, ``vector``, ``scalar``; ``arch_plugins.interfaces.Kind``); a role's entry
+wins over its kind's::
+
+    lr_multipliers: {embedding: 0.3, head: 0.003125, vector: 0.01, scalar: 0.01}
+
+A parametrization (muP and the like) multiplies in its own per-parameter factors through ``scales``. Parameters
+with the same settings share one param group, in the order the model holds them, decaying groups first (the
+order the optimizer always had), so that the default settings give exactly the groups they always gave.
+
+Pure PyTorch: nothing here knows about Lightning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from arch_plugins.declarations import ParameterRole, decays
+from arch_plugins.interfaces import Kind
+from arch_plugins.registry import PluginError
+
+# A parametrization's answer for one parameter: (learning-rate multiplier, weight-decay multiplier).
+Scales = Callable[[ParameterRole], tuple[float, float]]
+
+
+def check_multipliers(name: str, multipliers: dict[str, float] | None) -> dict[str, float]:
+    """The multipliers as floats, or a one-line error for a value that is not a positive number."""
+    checked = {}
+    for key, value in (multipliers or {}).items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise PluginError(f"{name}[{key!r}] must be a number >= 0, got {value!r}")
+        checked[str(key)] = float(value)
+    return checked
+
+
+def multiplier(multipliers: dict[str, float], p: ParameterRole) -> float:
+    """The multiplier of parameter ``p``: its role's, else its kind's, else 1. A fused parameter's parts
+    (``q|k|v``) must agree, since one tensor has one learning rate in an element-wise optimizer."""
+    parts = [role for role, _, _ in p.slices] if p.slices else [p.role]
+    found = {multipliers.get(p.role, multipliers.get(role, multipliers.get(p.kind, 1.0))) for role in parts}
+    if len(found) > 1:
+        raise PluginError(f"{p.name} holds {p.role} in one tensor, which has one learning rate; give its parts "
+                          f"one multiplier (e.g. {p.role!r}: x or {p.kind!r}: x), got {sorted(found)}")
+    return found.pop()
+
+
+def unknown_keys(multipliers: dict[str, float], roles: list[ParameterRole]) -> list[str]:
+    """Keys that match no role or kind of this model (a typo would otherwise silently do nothing)."""
+    known = set(Kind.ALL)
+    for p in roles:
+        known |= {p.role} | {role for role, _, _ in p.slices or ()}
+    return sorted(set(multipliers) - known)
+
+
+def settings(model: nn.Module, roles: list[ParameterRole], *, lr_multipliers: dict[str, float],
+             wd_multipliers: dict[str, float], scales: Scales | None) -> list[tuple[ParameterRole, float, float]]:
+    """(parameter, lr multiplier, weight-decay multiplier) for every trainable parameter; the weight-decay
+    multiplier is 0 for parameters that do not decay (``arch_plugins.declarations.decays``)."""
+    for option, given in (("lr_multipliers", lr_multipliers), ("wd_multipliers", wd_multipliers)):
+        unknown = unknown_keys(given, roles)
+        if unknown:
+            raise PluginError(f"{option} names {', '.join(map(repr, unknown))}, which is no role or kind of this "
+                              f"model; its roles are listed in the run's role table, its kinds are "
+                              f"{', '.join(Kind.ALL)}")
+    decay = decays(model)
+    out = []
+    for p in roles:
+        lr_mult, wd_mult = multiplier(lr_multipliers, p), multiplier(wd_multipliers, p)
+        if scales is not None:
+            lr_scale, wd_scale = scales(p)
+            lr_mult, wd_mult = lr_mult * lr_scale, wd_mult * wd_scale
+        out.append((p, lr_mult, wd_mult if decay[id(p.param)] else 0.0))
+    return out
+
+
+def param_groups(entries: list[tuple[Any, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Group ``(parameter, group settings)`` pairs with equal settings, in first-seen order, decaying groups first."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for param, options in entries:
+        key = tuple(sorted(options.items(), key=lambda kv: kv[0]))
+        groups.setdefault(key, {**options, "params": []})["params"].append(param)
+    ordered = list(groups.values())
+    return sorted(ordered, key=lambda g: g.get("weight_decay", 0.0) == 0.0)  # stable: decaying groups first
