@@ -27,8 +27,8 @@ from lit.compute import non_embedding_parameters
 from lit.diagnostics import Diagnostics, DiagnosticsConfig
 from lit.errors import UserInputError
 from lit.optim import configure, select_optimizer
-from lit.schedules import check as check_schedule
 from lit.parallel import checkpoint_blocks, compile_blocks, shard
+from lit.schedules import check as check_schedule
 from lit.throughput import StepRate
 
 EXECUTION_OPTIONS = ("compile", "activation_checkpointing", "diagnostics")

@@ -79,6 +79,18 @@ def test_adamw_multipliers_follow_roles_then_kinds():
         assert wd == pytest.approx(expected_wd), p.name
 
 
+def test_roles_may_have_their_own_betas():
+    model = gpt()
+    built = AdamWOptimizer(role_betas={"embedding": [0.8, 0.95], "vector": [0.7, 0.9]}).build(
+        model, lr=1.0, weight_decay=0.1, betas=(0.9, 0.95))
+    by_param = {id(p): g["betas"] for g in built.param_groups for p in g["params"]}
+    for p in parameter_roles(model):
+        expected = {"embedding": (0.8, 0.95), "vector": (0.7, 0.9)}.get(p.kind, (0.9, 0.95))
+        assert by_param[id(p.param)] == expected, p.name
+    with pytest.raises(PluginError, match="two numbers"):
+        AdamWOptimizer(role_betas={"head": 0.9})
+
+
 def test_a_parametrization_multiplies_in_its_own_scales():
     model = gpt()
     opt = AdamWOptimizer(lr_multipliers={"head": 0.5})

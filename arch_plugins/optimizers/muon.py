@@ -34,7 +34,14 @@ from torch.optim._muon import _zeropower_via_newtonschulz
 
 from arch_plugins.declarations import ParameterRole, UndeclaredRoleError, parameter_roles
 from arch_plugins.interfaces import Kind, OptimizerType
-from arch_plugins.optimizers.routing import Scales, check_multipliers, param_groups, settings
+from arch_plugins.optimizers.routing import (
+    Scales,
+    check_betas,
+    check_multipliers,
+    own_betas,
+    param_groups,
+    settings,
+)
 from arch_plugins.registry import PluginError
 
 ADJUST_LR = {
@@ -122,13 +129,15 @@ class MuonOptimizer(OptimizerType):
         lr_multipliers: per role or kind, relative to the group's learning rate (Muon's for hidden matrices,
             ``--model.lr`` for the rest), e.g. ``{mlp_out: 2, embedding: 0.3, head: 0.003125}``.
         wd_multipliers: per role or kind, relative to the group's weight decay.
+        role_betas: AdamW betas of a role or kind where they differ from ``--model.betas``.
         eps: AdamW's epsilon.
     """
 
     def __init__(self, lr: float | None = None, weight_decay: float | None = None, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, adjust_lr: str = "match_rms_adamw",
                  adamw_roles: list[str] | None = None, lr_multipliers: dict[str, float] | None = None,
-                 wd_multipliers: dict[str, float] | None = None, eps: float = 1e-8):
+                 wd_multipliers: dict[str, float] | None = None, role_betas: dict[str, list[float]] | None = None,
+                 eps: float = 1e-8):
         if adjust_lr not in ADJUST_LR:
             raise PluginError(f"adjust_lr {adjust_lr!r} is not one of {', '.join(ADJUST_LR)}")
         if lr is not None and not lr > 0:
@@ -141,6 +150,7 @@ class MuonOptimizer(OptimizerType):
         self.ns_steps, self.adjust_lr, self.adamw_roles = ns_steps, adjust_lr, set(adamw_roles or ())
         self.lr_multipliers = check_multipliers("lr_multipliers", lr_multipliers)
         self.wd_multipliers = check_multipliers("wd_multipliers", wd_multipliers)
+        self.role_betas = check_betas(role_betas)
         self.eps = float(eps)
 
     def takes(self, p: ParameterRole) -> bool:
@@ -165,10 +175,11 @@ class MuonOptimizer(OptimizerType):
         muon_wd = weight_decay if self.weight_decay is None else self.weight_decay
         entries = []
         for p, lr_mult, wd_mult in settings(model, roles, lr_multipliers=self.lr_multipliers,
-                                            wd_multipliers=self.wd_multipliers, scales=scales):
+                                            wd_multipliers=self.wd_multipliers, scales=scales,
+                                            role_betas=self.role_betas):
             if not self.takes(p):
                 entries.append((p, {"lr": lr * lr_mult, "lr_ratio": lr_mult, "weight_decay": weight_decay * wd_mult,
-                                    "muon": False}))
+                                    "muon": False, **own_betas(self.role_betas, p)}))
                 continue
             if p.param.dim() != 2:
                 raise PluginError(f"{p.name} (role {p.role}, shape {tuple(p.param.shape)}) is a hidden parameter "

@@ -38,15 +38,37 @@ def check_multipliers(name: str, multipliers: dict[str, float] | None) -> dict[s
     return checked
 
 
-def multiplier(multipliers: dict[str, float], p: ParameterRole) -> float:
-    """The multiplier of parameter ``p``: its role's, else its kind's, else 1. A fused parameter's parts
-    (``q|k|v``) must agree, since one tensor has one learning rate in an element-wise optimizer."""
+def check_betas(role_betas: dict[str, Any] | None) -> dict[str, tuple[float, float]]:
+    """Per-role Adam betas as (beta1, beta2) pairs, or a one-line error."""
+    checked = {}
+    for key, value in (role_betas or {}).items():
+        pair = tuple(value) if isinstance(value, (list, tuple)) else ()
+        if len(pair) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in pair):
+            raise PluginError(f"role_betas[{key!r}] must be two numbers in [0, 1), e.g. [0.8, 0.95], got {value!r}")
+        checked[str(key)] = (float(pair[0]), float(pair[1]))
+    return checked
+
+
+def lookup(table: dict[str, Any], p: ParameterRole, default: Any) -> Any:
+    """The entry of parameter ``p``: its role's, else its kind's, else ``default``. A fused parameter's parts
+    (``q|k|v``) must agree, since one tensor has one setting in an element-wise optimizer."""
     parts = [role for role, _, _ in p.slices] if p.slices else [p.role]
-    found = {multipliers.get(p.role, multipliers.get(role, multipliers.get(p.kind, 1.0))) for role in parts}
+    found = {table.get(p.role, table.get(role, table.get(p.kind, default))) for role in parts}
     if len(found) > 1:
         raise PluginError(f"{p.name} holds {p.role} in one tensor, which has one learning rate; give its parts "
-                          f"one multiplier (e.g. {p.role!r}: x or {p.kind!r}: x), got {sorted(found)}")
+                          f"one setting (e.g. {p.role!r}: x or {p.kind!r}: x), got {sorted(found)}")
     return found.pop()
+
+
+def own_betas(role_betas: dict[str, tuple[float, float]], p: ParameterRole) -> dict[str, tuple[float, float]]:
+    """``{"betas": ...}`` for a parameter whose role or kind has its own betas, else nothing (the optimizer's)."""
+    betas = lookup(role_betas, p, None)
+    return {} if betas is None else {"betas": betas}
+
+
+def multiplier(multipliers: dict[str, float], p: ParameterRole) -> float:
+    """The multiplier of parameter ``p``: its role's, else its kind's, else 1."""
+    return lookup(multipliers, p, 1.0)
 
 
 def unknown_keys(multipliers: dict[str, float], roles: list[ParameterRole]) -> list[str]:
@@ -58,10 +80,12 @@ def unknown_keys(multipliers: dict[str, float], roles: list[ParameterRole]) -> l
 
 
 def settings(model: nn.Module, roles: list[ParameterRole], *, lr_multipliers: dict[str, float],
-             wd_multipliers: dict[str, float], scales: Scales | None) -> list[tuple[ParameterRole, float, float]]:
+             wd_multipliers: dict[str, float], scales: Scales | None,
+             role_betas: dict[str, tuple[float, float]] | None = None) -> list[tuple[ParameterRole, float, float]]:
     """(parameter, lr multiplier, weight-decay multiplier) for every trainable parameter; the weight-decay
     multiplier is 0 for parameters that do not decay (``arch_plugins.declarations.decays``)."""
-    for option, given in (("lr_multipliers", lr_multipliers), ("wd_multipliers", wd_multipliers)):
+    for option, given in (("lr_multipliers", lr_multipliers), ("wd_multipliers", wd_multipliers),
+                          ("role_betas", role_betas or {})):
         unknown = unknown_keys(given, roles)
         if unknown:
             raise PluginError(f"{option} names {', '.join(map(repr, unknown))}, which is no role or kind of this "
