@@ -22,7 +22,7 @@ def renormalize_(model: nn.Module, eps: float = 0.0) -> int:
     mesh, ``Shard(0)``) each rank works on its local shard: along an unsharded dim the norm is local;
     the weights normalised along the sharded dim share ONE all-reduce of their per-column sums of
     squares (one collective per step instead of one per weight, and no DTensor dispatch per op). Other
-    layouts go through DTensor ops (platform.md §5). Every rank must call this (it is collective).
+    layouts go through DTensor ops. Every rank must call this (it is collective).
     """
     count = 0
     across_shards: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its local shard)

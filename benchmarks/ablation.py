@@ -23,7 +23,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lit.cli import main as cli
+from lit.commands import main as cli
 
 REPO = Path(__file__).resolve().parents[1]
 NORMS = ("layernorm", "layernorm_nonparam", "postnorm", "perinorm", "mixnorm", "lns", "dyt", "seednorm")

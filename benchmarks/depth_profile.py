@@ -16,7 +16,7 @@ import argparse
 import shlex
 
 from benchmarks.ablation import REPO
-from lit.cli import main as cli
+from lit.commands import main as cli
 
 STORE = f"sqlite:///{REPO / 'benchmarks' / 'out' / 'ablation.db'}"
 EXPERIMENT = "depth-profile-tinyshakespeare"

@@ -2,7 +2,7 @@
 and intervals? A preset of ``cli.py sweep`` and ``cli.py compare`` plus one table, one row per claim.
 
 Three sweeps, each method as its own recipe (its authors' init, weight decay, clipping and final norm: see
-docs/reproduction.md and ../shared/specs/fidelity-audit.md):
+docs/reproduction.md):
 
 - text: tinyshakespeare (char level), every seed method against the pre-RMSNorm baseline at 8 layers (twice
   the quickstart recipe's depth, so that depth-related claims have room to show), 300 steps x 16 x 64 tokens,
@@ -31,7 +31,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from lit.cli import main as cli
+from lit.commands import main as cli
 from lit.compare import stats
 from lit.compare.analysis import Analysis, analyze
 from lit.compare.runs import connect, find_parent, load_sweep

@@ -8,7 +8,7 @@
 - ``export`` turns a sharded FSDP2 checkpoint (a directory of per-rank shards) into one ordinary
   Lightning checkpoint file, loadable on one process, optimizer state included:
 
-      python -m lit.checkpoints export runs/<exp>/<run>/checkpoints/last.ckpt model.ckpt
+      python cli.py export runs/<exp>/<run>/checkpoints/last.ckpt model.ckpt
 
 - Lightning keeps no random states in checkpoints; ``rng_states`` adds them, so that dropout,
   drop-path and batch mixing continue exactly after a resume.
@@ -16,9 +16,7 @@
 
 from __future__ import annotations
 
-import argparse
 import random
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lit.errors import UserInputError
+from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.init_from import load_weights_only
 
 SHARDED_METADATA = "meta.pt"  # Lightning's non-tensor part of a sharded checkpoint (written by rank 0)
@@ -134,19 +132,13 @@ def positional_optimizer_state(by_name: dict[str, Any]) -> dict[str, Any]:
                              for group in by_name["param_groups"]]}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lit.checkpoints", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("export", help="sharded checkpoint directory -> one checkpoint file")
-    ex.add_argument("sharded_dir")
-    ex.add_argument("out_file")
+@one_line_errors
+def main(argv: list[str]) -> int:
+    """``python cli.py export SHARDED_DIR OUT_FILE``."""
+    parser = OneLineArgumentParser(prog="cli.py export", description="a sharded checkpoint directory -> one "
+                                   "checkpoint file (Lightning's format, loads anywhere)")
+    parser.add_argument("sharded_dir")
+    parser.add_argument("out_file")
     args = parser.parse_args(argv)
-    try:
-        print(export(args.sharded_dir, args.out_file))
-    except UserInputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()
+    print(export(args.sharded_dir, args.out_file))
+    return 0

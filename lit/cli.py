@@ -1,4 +1,5 @@
-"""The command line: LightningCLI (fit / validate / test / predict) with MLflow on, plus `plugins`.
+"""``fit`` / ``validate`` / ``test`` / ``predict``: LightningCLI with MLflow on (the other subcommands are in
+``lit/commands.py``).
 
 Every model and DataModule is selected by class in the recipe (``model: {class_path: ...}``), so one
 CLI serves every task. User mistakes end in one ``error:`` line and exit code 2, never a traceback wall.
@@ -18,14 +19,15 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 import lit.data  # noqa: F401
 import lit.image_classifier  # noqa: F401
 import lit.language_model  # noqa: F401
-from arch_plugins.registry import PluginError
-from lit.callbacks import MLflowRun, continue_checkpoint_run
 from lit.checkpoints import check_fits, checkpoint_shapes
-from lit.errors import UserInputError
+from lit.errors import UserInputError, report
 from lit.preemption import Interrupted, PreemptionCheckpoints
-from lit.tracking import LogConfigToMLflow
+from lit.tracking.config_log import LogConfigToMLflow
+from lit.tracking.run import MLflowRun, continue_checkpoint_run
 
-USER_ERRORS = (PluginError, UserInputError)
+DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans", "bytes_per_token")
+# --ckpt_path values that Lightning resolves itself (there is no file to check yet), or none at all.
+LIGHTNING_CHECKPOINT_NAMES = (None, "last", "best", "hpc")
 
 
 class OneLineErrorParser(LightningArgumentParser):
@@ -34,8 +36,7 @@ class OneLineErrorParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not getattr(self, "exit_on_error", True):
             return super().error(message, ex)
-        sys.stderr.write(f"error: {_condense(str(message))} (see `python cli.py SUBCOMMAND --help`)\n")
-        sys.exit(2)
+        raise UserInputError(f"{_condense(str(message))} (see `python cli.py SUBCOMMAND --help`)")
 
 
 # jsonargparse explains a failure inside a class_path as a tree that also lists every subtype it
@@ -107,55 +108,24 @@ class ArchLabCLI(LightningCLI):
         return None if path in LIGHTNING_CHECKPOINT_NAMES else path
 
 
-PROCEDURES = ("convert-norm", "remove-norms")
-DATA_FACTS = ("vocab_size", "block_size", "num_classes", "image_size", "in_chans", "bytes_per_token")
-# --ckpt_path values that Lightning resolves itself (there is no file to check yet), or none at all.
-LIGHTNING_CHECKPOINT_NAMES = (None, "last", "best", "hpc")
-
-
 def trainer_defaults() -> dict:
     return {
         "logger": {"class_path": "lit.tracking.MLflowLogger"},
     }
 
 
-def main(args: list[str] | None = None) -> LightningCLI | None:
-    argv = sys.argv[1:] if args is None else args
-    if argv[:1] == ["plugins"]:
-        # cli.py sends `plugins` to its command before importing this module (Lightning); this serves main([...]).
-        from lit.plugins_command import main as plugins
-
-        code = plugins(argv[1:])
-        if code:
-            sys.exit(code)
-        return
-    if argv[:1] and argv[0] in PROCEDURES:  # procedures on a trained model (lit/procedures)
-        from lit.procedures import run
-
-        code = run(argv[0], argv[1:])
-        if code:
-            sys.exit(code)
-        return
-    if argv[:1] in (["sweep"], ["compare"]):
-        # Rooms of their own: sweeps launch fits through this module; compare reads MLflow only.
-        if argv[0] == "sweep":
-            from lit.sweep.command import main as command
-        else:
-            from lit.compare.command import main as command
-        code = command(argv[1:])
-        if code:
-            sys.exit(code)
-        return
+def main(args: list[str] | None = None) -> LightningCLI:
+    """Run LightningCLI on ``args`` (``fit --config ...``; default: the process's arguments)."""
     return _lightning_cli(args)
 
 
-def check_config(args: list[str]) -> None:
+def check_config(args: list[str]) -> LightningCLI:
     """Build what ``fit`` would (model, data, trainer) from ``args`` (no subcommand) and run nothing.
 
     A sweep checks each variant this way before it spends compute: a user error ends in one line and
-    exit code 2, as in ``fit``.
+    exit code 2, as in ``fit``. Returns what was built.
     """
-    _lightning_cli(args, run=False)
+    return _lightning_cli(args, run=False)
 
 
 def _lightning_cli(args: list[str] | None, run: bool = True) -> LightningCLI:
@@ -170,20 +140,4 @@ def _lightning_cli(args: list[str] | None, run: bool = True) -> LightningCLI:
             sys.stderr.write(f"stopped: {exc}\n")
         sys.exit(exc.exit_code)
     except Exception as exc:
-        cause = _user_error(exc)
-        if cause is None:
-            raise
-        if rank_zero_only.rank == 0:  # every process of a multi-process run hits the same error
-            sys.stderr.write(f"error: {cause}\n")
-        sys.exit(2)
-
-
-def _user_error(exc: BaseException | None) -> BaseException | None:
-    """The user error behind ``exc``: jsonargparse wraps errors raised while it instantiates classes."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, USER_ERRORS):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+        sys.exit(report(exc))  # a user error in one line; anything else keeps its traceback

@@ -1,6 +1,17 @@
-"""Errors a user can fix. The CLI prints their message as one line (no traceback) and exits non-zero."""
+"""Errors a user can fix, and the one way every command reports them: one ``error:`` line, exit code 2."""
+
+from __future__ import annotations
 
 import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+from arch_plugins.registry import PluginError
+
+USER_ERROR_EXIT_CODE = 2
 
 
 class UserInputError(Exception):
@@ -13,9 +24,67 @@ class ArchitectureError(UserInputError, ValueError):
     may expect; through the CLI it is one ``error:`` line like any other user error."""
 
 
+USER_ERRORS = (PluginError, UserInputError)
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """An argparse parser whose mistakes raise ``UserInputError`` (one ``error:`` line from the command)
     instead of printing usage and a message."""
 
     def error(self, message: str):
         raise UserInputError(f"{message} (see `python {self.prog} --help`)")
+
+
+def user_error(exc: BaseException | None) -> BaseException | None:
+    """The user error behind ``exc``, or None: libraries (jsonargparse, Lightning) wrap the errors raised in
+    code they call, so the cause chain is searched."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, USER_ERRORS):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def report(exc: BaseException) -> int:
+    """Print the user error behind ``exc`` as one ``error:`` line and return the exit code 2; re-raise ``exc``
+    if it is not a user error (a bug keeps its traceback).
+
+    Only the first process of a multi-process run prints: every process hits the same error.
+    """
+    cause = user_error(exc)
+    if cause is None:
+        raise exc
+    if _rank() == 0:
+        sys.stderr.write(f"error: {' '.join(str(cause).split())}\n")
+    return USER_ERROR_EXIT_CODE
+
+
+Command = TypeVar("Command", bound=Callable[..., int])
+
+
+def one_line_errors(command: Command) -> Command:
+    """Wrap a command (``main(argv) -> exit code``): a user error becomes one ``error:`` line and exit code 2."""
+
+    @functools.wraps(command)
+    def wrapped(*args, **kwargs) -> int:
+        try:
+            return command(*args, **kwargs)
+        except Exception as exc:
+            return report(exc)
+
+    return wrapped  # type: ignore[return-value]
+
+
+def _rank() -> int:
+    # Lightning's own record once it runs (its strategies set it); else the launcher's variables, read as
+    # Lightning reads them, without importing Lightning (a command such as `plugins` must start fast).
+    rank_zero = sys.modules.get("lightning_utilities.core.rank_zero")
+    rank = getattr(getattr(rank_zero, "rank_zero_only", None), "rank", None)
+    if rank is not None:
+        return rank
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0

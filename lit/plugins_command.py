@@ -1,29 +1,30 @@
 """`python cli.py plugins [NAME]`: what is installed, and one plugin's kind, origin, docstring and options.
 
-A room of its own so that the front door answers at once: listing imports neither Lightning, MLflow nor
-torch (``arch_plugins.catalogue`` reads package metadata and source files). ``plugins NAME`` imports
-that one plugin, and so torch.
+A module of its own, apart from the training CLI, so that listing answers at once: it imports neither
+Lightning, MLflow nor torch (``arch_plugins.catalogue`` reads package metadata and source files).
+``plugins NAME`` imports that one plugin, and so torch.
 """
 
 from __future__ import annotations
 
-import sys
-
 from arch_plugins import catalogue
-from arch_plugins.registry import PluginError
-from lit.errors import OneLineArgumentParser, UserInputError
+from lit.errors import OneLineArgumentParser, one_line_errors
 
 
+@one_line_errors
 def main(argv: list[str]) -> int:
     parser = OneLineArgumentParser(prog="cli.py plugins", description="List the installed plugins, or show one.")
     parser.add_argument("name", nargs="?", help="a plugin's name: show its kind, package, docstring and options")
-    try:
-        args = parser.parse_args(argv)
-        print(show(args.name) if args.name else listing())
-    except (PluginError, UserInputError) as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+    args = parser.parse_args(argv)
+    print(show(args.name) if args.name else listing())
     return 0
+
+
+# The arch fields of the stabilisers (lit/models/transformer.py, TransformerConfig), named here rather than read
+# from the config class: listing must not import torch.
+STABILISERS = (("qk_norm", "QK-norm"), ("logit_softcap", "logit soft-cap"),
+               ("clipped_softmax_gamma, clipped_softmax_zeta", "clipped softmax"),
+               ("gated_attention, gated_attention_init", "gated attention"))
 
 
 def listing() -> str:
@@ -34,6 +35,8 @@ def listing() -> str:
     lines.append("\n`python cli.py plugins NAME` shows one plugin's docstring and options; select it in a recipe "
                  "with arch.<kind>: NAME and arch.<kind>_options: {option: value} (an optimizer: model.optimizer "
                  "and model.optimizer_options).")
+    lines.append("Stabilisers on top of any norm strategy are arch fields (arch_plugins/stabilisers): "
+                 + "; ".join(f"{field} ({what})" for field, what in STABILISERS) + ".")
     return "\n".join(lines)
 
 

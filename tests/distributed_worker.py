@@ -1,7 +1,7 @@
 """Trains a tiny nGPT for a few optimizer steps under one strategy and saves the full weights (rank 0).
 
 Run as a script by tests/test_distributed.py: Lightning's ddp and ModelParallelStrategy launchers
-re-execute it once per extra process, which is awkward inside pytest itself (platform.md §5). Every rank
+re-execute it once per extra process, which is awkward inside pytest itself. Every rank
 sees the same batches (no distributed sampler), so data-parallel training on N ranks computes the
 single-process gradient and must end with the single-process weights.
 

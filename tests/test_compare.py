@@ -15,6 +15,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from lit.compare import stats
+from lit.compare.analysis import known_mode
 from lit.compare.command import main
 from lit.sweep import protocol
 
@@ -56,9 +57,11 @@ def throughput(variant: str, seed: int) -> list[float]:
 
 
 def log_child(client, experiment_id, parent_id, sweep_id, variant, seed, metrics, *, final=True, phase="seed",
-              status="FINISHED", tune_value=None, start_time=None):
+              status="FINISHED", tune_value=None, start_time=None, tags=None, relogged=()):
+    """One child run; ``relogged``: (key, step, value) logged again later, as a resumed run does."""
     from mlflow.entities import Metric
 
+    extra = tags
     tags = {protocol.ROLE: "child", protocol.SWEEP_ID: sweep_id, protocol.VARIANT: variant,
             protocol.SEED: str(seed), protocol.SEED_INDEX: str(seed), protocol.PHASE: phase,
             protocol.CHILD_KEY: f"{variant}/{phase}/{seed}/{tune_value}", protocol.PARENT_RUN: parent_id}
@@ -66,11 +69,14 @@ def log_child(client, experiment_id, parent_id, sweep_id, variant, seed, metrics
         tags[protocol.FINAL] = "true"
     if tune_value is not None:
         tags[protocol.TUNE_KEY], tags[protocol.TUNE_VALUE] = TUNE["key"], str(tune_value)
+    tags.update(extra or {})
     run = client.create_run(experiment_id, tags=tags, run_name=f"{variant}-{phase}-{seed}", start_time=start_time)
     points = [Metric(key, float(value), 1_700_000_000_000 + step, step) for key, series in metrics.items()
               for step, value in series]
     for i in range(0, len(points), 500):
         client.log_batch(run.info.run_id, metrics=points[i:i + 500])
+    for key, step, value in relogged:
+        client.log_batch(run.info.run_id, metrics=[Metric(key, float(value), 1_800_000_000_000 + step, step)])
     client.set_terminated(run.info.run_id, status=status)
     return run.info.run_id
 
@@ -83,11 +89,12 @@ def log_parent(client, experiment_id, sweep_id, spec):
     return parent.info.run_id
 
 
-def protocol_spec(sweep_id, variants, seeds, metric="val/loss", tune=TUNE):
+def protocol_spec(sweep_id, variants, seeds, metric="val/loss", tune=TUNE, **fields):
+    """A protocol as ``cli.py sweep`` writes it; ``fields`` add or replace entries (family, equivalence, ...)."""
     return {"sweep_id": sweep_id, "recipe": "recipes/gpt_tiny.yaml",
             "variants": [{"label": v, "overrides": [f"--model.init_args.norm={v}"]} for v in variants],
-            "baseline": variants[0], "seeds": seeds, "metric": metric, "mode": protocol.metric_mode(metric),
-            "tune": tune, "fit_args": [], "steps": STEPS[-1]}
+            "baseline": variants[0], "seeds": seeds, "metric": metric, "mode": known_mode(metric),
+            "tune": tune, "fit_args": [], "steps": STEPS[-1], **fields}
 
 
 def seed_metrics(variant, seed):
@@ -150,7 +157,96 @@ def store(tmp_path_factory):
 
     plain_exp = client.create_experiment("plain", artifact_location=str(root / "artifacts-plain"))
     client.set_terminated(client.create_run(plain_exp).info.run_id)
+
+    edge_exp = client.create_experiment("edge", artifact_location=str(root / "artifacts-edge"))
+    ids["edge"] = log_edge_sweep(client, edge_exp)
+    digits_exp = client.create_experiment("digits", artifact_location=str(root / "artifacts-digits"))
+    ids["digits"] = log_digits_sweep(client, digits_exp)
+    family_exp = client.create_experiment("family", artifact_location=str(root / "artifacts-family"))
+    ids["family"] = [log_family_sweep(client, family_exp, name) for name in FAMILY]
     return {"uri": uri, "client": client, "root": root, **ids}
+
+
+# The "edge" sweep: missing and extra seeds, non-monotone curves, a step logged twice on resume, a diverged seed, a
+# variant that diverged at every tuning value, a parity claim, and a report metric apart from the tuning metric.
+EDGE_SEEDS = [0, 1, 2, 3]
+EDGE_FINALS = {  # variant -> {seed: final test/loss}; None: diverged
+    "base": {0: 3.30, 1: 3.40, 2: 3.20, 3: 3.35},
+    "holes": {0: 3.20, 2: 3.11, 3: 3.26, 4: 3.00},  # no seed 1; a seed 4 the baseline lacks
+    "wobbly": {0: 3.31, 1: 3.38, 2: 3.215, 3: 3.35},
+    "div": {0: 3.10, 1: 3.21, 2: None, 3: 3.14},
+    "eq": {0: 3.301, 1: 3.398, 2: 3.2015, 3: 3.35},
+}
+EDGE_MARGIN = 0.05
+EDGE_TUNE = {"key": "model.init_args.lr", "values": [0.001, 10000.0], "steps": 100, "seed": 99,
+             "reuse_seed_run": False, "rule": "separate_seed"}
+BOGUS = 9.0  # the value first logged at the last step of a resumed run, logged again later with the real one
+
+
+def wobbly_curve(final: float) -> list[float]:
+    """Non-monotone: dips below the final value at step 200, then rises back above it."""
+    return [final + 6.0, final + 0.5, final - 0.05, final + 0.1, final]
+
+
+def log_edge_sweep(client, experiment_id):
+    sweep_id = "edge00000001"
+    spec = protocol_spec(sweep_id, list(EDGE_FINALS) + ["dead"], EDGE_SEEDS, tune=EDGE_TUNE,
+                         report_metric="test/loss", equivalence={"margin": EDGE_MARGIN, "variants": ["eq"]})
+    parent = log_parent(client, experiment_id, sweep_id, spec)
+    for variant in [*EDGE_FINALS, "dead"]:
+        for value in EDGE_TUNE["values"]:
+            diverges = variant == "dead" or value > 1
+            log_child(client, experiment_id, parent, sweep_id, variant, 99, {"val/loss": [(100, 4.0)]}, final=False,
+                      phase="tune", tune_value=value, status="FAILED" if diverges else "FINISHED",
+                      tags={protocol.OUTCOME: "diverged" if diverges else "finished"})
+    for variant, finals in EDGE_FINALS.items():
+        for seed, final in finals.items():
+            if final is None:
+                log_child(client, experiment_id, parent, sweep_id, variant, seed, {"test/loss": [(0, 9.0)]},
+                          status="FAILED", tune_value=0.001,
+                          tags={protocol.OUTCOME: "diverged", protocol.DIVERGED_STEP: "150"})
+                continue
+            curve = wobbly_curve(final) if variant in ("wobbly", "base") else loss_curve(final)
+            relogged = ()
+            if variant == "wobbly":
+                relogged = [("test/loss", STEPS[-1], final)]
+                curve = [*curve[:-1], BOGUS]
+            metrics = {"test/loss": list(zip(STEPS, curve, strict=True)),
+                       "val/loss": [(s, v - 0.01) for s, v in zip(STEPS, curve, strict=True)]}
+            log_child(client, experiment_id, parent, sweep_id, variant, seed, metrics, tune_value=0.001,
+                      relogged=relogged, tags={protocol.OUTCOME: "finished"})
+    return parent
+
+
+DIGITS_FINALS = {"layernorm": [0.95, 0.96, 0.955, 0.95, 0.96], "dyt": [0.93, 0.94, 0.10, 0.935, 0.94]}
+
+
+def log_digits_sweep(client, experiment_id):
+    sweep_id = "digits000001"
+    seeds = list(range(5))
+    parent = log_parent(client, experiment_id, sweep_id, protocol_spec(sweep_id, list(DIGITS_FINALS), seeds,
+                                                                       metric="val/acc1", tune=None))
+    for variant, finals in DIGITS_FINALS.items():
+        for seed, final in zip(seeds, finals, strict=True):
+            curve = [(s, final * (0.3 + 0.7 * s / STEPS[-1])) for s in STEPS]
+            log_child(client, experiment_id, parent, sweep_id, variant, seed,
+                      {"val/acc1": curve, "val/score": curve})
+    return parent
+
+
+FAMILY = {"famA00000001": {"base": [3.30, 3.32, 3.31], "a": [3.25, 3.281, 3.262]},
+          "famB00000001": {"base": [3.30, 3.32, 3.31], "b": [3.29, 3.305, 3.30]}}
+
+
+def log_family_sweep(client, experiment_id, sweep_id):
+    finals = FAMILY[sweep_id]
+    parent = log_parent(client, experiment_id, sweep_id, protocol_spec(sweep_id, list(finals), SEEDS, tune=None,
+                                                                       family="suite"))
+    for variant, values in finals.items():
+        for seed, final in zip(SEEDS, values, strict=True):
+            log_child(client, experiment_id, parent, sweep_id, variant, seed,
+                      {"val/loss": list(zip(STEPS, loss_curve(final), strict=True))})
+    return parent
 
 
 @pytest.fixture
@@ -223,6 +319,15 @@ def loss_report(store, tmp_path_factory):
     return (out / "report.md").read_text(), out
 
 
+DECIMALS = 3  # two significant digits of the smallest spread (the baseline's std, 0.010)
+
+
+def assert_decimals(cell: str, decimals: int = DECIMALS):
+    """Every number in the cell is printed with exactly ``decimals`` decimals."""
+    printed = re.findall(r"\d+(?:\.(\d*))?", cell)
+    assert printed and all(len(d) == decimals for d in printed), (cell, decimals)
+
+
 def test_variant_table_matches_a_computation_by_hand(loss_report):
     markdown, _ = loss_report
     rows = table(markdown, "## Variants")
@@ -230,7 +335,9 @@ def test_variant_table_matches_a_computation_by_hand(loss_report):
     for variant, finals in FINALS.items():
         row = rows[variant]
         assert row["seeds"] == "3"
+        assert row["per seed"] == "; ".join(f"{s}: {f:.3f}" for s, f in zip(SEEDS, finals, strict=True))
         mean, std = row["mean ± std"].split(" ± ")
+        assert_decimals(mean) and assert_decimals(std)
         assert_printed(mean, np.mean(finals))
         assert_printed(std, np.std(finals, ddof=1))
         low, high = pair(row["95% CI"])
@@ -246,57 +353,106 @@ def test_variant_table_matches_a_computation_by_hand(loss_report):
     assert rows["same"]["spikes (final, mean)"] == "—"
 
 
+def hand_holm_levels(p, alpha=0.05):
+    """Holm's per-step levels alpha / (m - rank) until the first step it does not reject, that level after."""
+    levels, stopped = np.empty(len(p)), None
+    for rank, i in enumerate(np.argsort(p)):
+        levels[i] = stopped or alpha / (len(p) - rank)
+        if stopped is None and p[i] >= levels[i]:
+            stopped = levels[i]
+    return levels
+
+
+def hand_mde(sd, n, alpha, power=0.8):
+    """The effect whose noncentral-t power is ``power``, by bisection on scipy's nct (upper tail: the lower one
+    is negligible at these effects)."""
+    critical = scipy_stats.t.ppf(1 - alpha / 2, n - 1)
+    low, high = 0.0, 100 * sd
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if scipy_stats.nct.sf(critical, n - 1, mid * np.sqrt(n) / sd) < power else (low, mid)
+    return mid
+
+
 def test_paired_tests_holm_and_verdicts_match_scipy(loss_report):
     markdown, _ = loss_report
     rows = table(markdown, "## Against the baseline")
     others = [v for v in FINALS if v != "base"]
     p = np.array([scipy_stats.ttest_rel(FINALS[v], FINALS["base"]).pvalue for v in others])
-    adjusted = hand_holm(p)
-    for variant, p_raw, p_holm in zip(others, p, adjusted, strict=True):
+    adjusted, levels = hand_holm(p), hand_holm_levels(p)
+    q = scipy_stats.false_discovery_control(p)
+    for variant, p_raw, p_holm, level, q_bh in zip(others, p, adjusted, levels, q, strict=True):
         row = rows[variant]
         differences = np.subtract(FINALS[variant], FINALS["base"])
         assert row["paired seeds"] == "3"
+        assert row["per-seed difference"] == "; ".join(f"{s}: {d:+.3f}" for s, d in zip(SEEDS, differences,
+                                                                                         strict=True))
+        assert_decimals(row["mean difference"])
         assert_printed(row["mean difference"], differences.mean())
-        low, high = pair(row["95% CI"])
-        assert_printed(low, hand_interval(differences)[0])
-        assert_printed(high, hand_interval(differences)[1])
+        interval, at = row["CI (Holm)"].split(" at ")
+        low, high = pair(interval)
+        assert_printed(at.rstrip("%"), 100 * (1 - level))
+        assert_printed(low, hand_interval(differences, 1 - level)[0])
+        assert_printed(high, hand_interval(differences, 1 - level)[1])
         assert_printed(row["p (paired t)"], p_raw, relative=5e-3)
         assert_printed(row["p (Holm)"], p_holm, relative=5e-3)
+        assert_printed(row["q (BH)"], q_bh, relative=5e-3)
+        assert row["test"] == "paired t"
+        sd = differences.std(ddof=1)
+        assert_printed(row["MDE (80%)"], hand_mde(sd, 3, 0.05 / 3))
+        # all 3 seeds of "fast" and "slow" point one way: 2 of the 8 sign patterns are as extreme
+        expected_flip = 0.25 if variant != "same" else 1.0
+        assert_printed(row["p (sign-flip)"], expected_flip, relative=1e-3)
     assert rows["fast"]["verdict"] == "better"
     assert rows["slow"]["verdict"] == "worse"
     assert rows["same"]["verdict"] == "not distinguishable at this noise"
     assert "scipy.stats.ttest_rel" in markdown and "Holm-adjusted over the 3 tested comparisons" in markdown
-    floor = re.search(r"std of ([\d.]+); the 95% CI of a paired difference has a half-width of ([\d.]+)", markdown)
-    assert_printed(floor[1], np.std(FINALS["base"], ddof=1))
-    half_widths = [np.diff(hand_interval(np.subtract(FINALS[v], FINALS["base"])))[0] / 2 for v in others]
-    assert_printed(floor[2], np.median(half_widths))
+    assert "Noise floor" not in markdown
+    mde = re.search(r"\*\*Minimum detectable effect:\*\* ([\d.]+) to ([\d.]+)", markdown)
+    mdes = [hand_mde(np.subtract(FINALS[v], FINALS["base"]).std(ddof=1), 3, 0.05 / 3) for v in others]
+    assert_printed(mde[1], min(mdes)) and assert_printed(mde[2], max(mdes))
 
 
-def test_steps_to_the_baseline_final_value_and_speedup(loss_report):
+def hand_crossing(curve, target):
+    """The first crossing of a falling curve, by np.interp on the reversed curve (valid for monotone curves)."""
+    return np.interp(target, np.asarray(curve)[::-1], np.asarray(STEPS)[::-1])
+
+
+def test_steps_to_each_baseline_seeds_final_value(loss_report):
     markdown, _ = loss_report
     rows = table(markdown, "## Steps to the baseline's final")
-    target = np.mean(FINALS["base"])
-    for variant in ("base", "fast"):
-        curve = np.mean([loss_curve(f) for f in FINALS[variant]], axis=0)
-        # The curves fall monotonically, so the crossing is np.interp on the reversed curve.
-        step = np.interp(target, curve[::-1], STEPS[::-1])
-        assert_printed(rows[variant]["step"], step)
-        assert_printed(rows[variant]["tokens"], step * ITEMS_PER_STEP, relative=1e-3)
-        assert_printed(rows[variant]["speedup"], STEPS[-1] / step)
-    assert rows["base"]["speedup"] == "1.00×"
-    assert rows["slow"]["step"] == "not reached" and rows["slow"]["speedup"] == "—"
+    assert rows["base"]["per-seed speedup"] == "0: 1.00×; 1: 1.00×; 2: 1.00×"  # 1.00 by construction
+    assert rows["base"]["speedup"] == "1.00×" and rows["base"]["95% CI"] == "[1.00, 1.00]"
+    ratios = []
+    for seed in SEEDS:
+        target = FINALS["base"][seed]
+        ratios.append(hand_crossing(loss_curve(FINALS["base"][seed]), target)
+                      / hand_crossing(loss_curve(FINALS["fast"][seed]), target))
+    assert rows["fast"]["reached"] == "3 of 3"
+    assert rows["fast"]["per-seed speedup"] == "; ".join(f"{s}: {r:.2f}×" for s, r in zip(SEEDS, ratios,
+                                                                                          strict=True))
+    logs = np.log(ratios)
+    assert_printed(rows["fast"]["speedup"], np.exp(logs.mean()))
+    low, high = pair(rows["fast"]["95% CI"])
+    assert_printed(low, np.exp(hand_interval(logs)[0])) and assert_printed(high, np.exp(hand_interval(logs)[1]))
+    steps = [hand_crossing(loss_curve(FINALS["fast"][s]), FINALS["base"][s]) for s in SEEDS]
+    assert_printed(rows["fast"]["tokens"], np.median(steps) * ITEMS_PER_STEP, relative=1e-3)
+    assert rows["slow"]["reached"] == "0 of 3" and rows["slow"]["speedup"] == "—"
 
 
 def test_header_states_the_protocol(loss_report):
     markdown, _ = loss_report
     assert "`recipes/gpt_tiny.yaml`, 400 training steps per run" in markdown
     assert "Seeds: 0, 1, 2 (3 per variant)" in markdown
-    assert "`val/loss`, lower is better" in markdown
+    assert "`val/loss`, lower is better (from the sweep's protocol)" in markdown
+    assert "predates a separate report metric" in markdown
     assert "`model.init_args.lr` over 0.001, 0.003 per variant, 100 steps at seed 0" in markdown
     assert "Budget: 2 runs per variant, 8 planned, 8 found" in markdown
-    assert "Seed run reused: no" in markdown
+    assert "Rule: reuse (this sweep predates the tuning rule" in markdown and "evaluation seed 0" in markdown
+    assert "this sweep's own family (the protocol declares none); Holm over its 3 tested comparisons" in markdown
     assert ("Counted: 12 FINISHED final runs (left out: 1 FAILED, 1 superseded by a newer run of the same variant "
             "and seed)") in markdown
+    assert "Duplicate runs of one (variant, seed): base/seed 0 ×2; rule applied: the latest-started run" in markdown
 
 
 def test_figures_are_written_linked_and_logged_to_the_parent(loss_report, store):
@@ -340,10 +496,7 @@ def test_higher_is_better_metric_keeps_the_better_variant_better(run_compare):
     assert_printed(rows["fast"]["mean difference"], -np.mean(np.subtract(FINALS["fast"], FINALS["base"])))
     assert "`val/acc1`, higher is better" in markdown and "a positive difference favours the variant" in markdown
     targets = table(markdown, "## Steps to the baseline's final")
-    curve = np.mean([loss_curve(f) for f in FINALS["fast"]], axis=0)
-    step = np.interp(np.mean(FINALS["base"]), curve[::-1], STEPS[::-1])
-    assert_printed(targets["fast"]["step"], step)
-    assert targets["slow"]["step"] == "not reached"
+    assert targets["fast"]["reached"] == "3 of 3" and targets["slow"]["reached"] == "0 of 3"
 
 
 def test_higher_is_better_flips_the_verdict_on_the_same_numbers(run_compare):
@@ -354,8 +507,8 @@ def test_higher_is_better_flips_the_verdict_on_the_same_numbers(run_compare):
     assert rows["fast"]["verdict"] == "worse" and rows["slow"]["verdict"] == "better"
     assert rows["same"]["verdict"] == "not distinguishable at this noise"
     targets = table(markdown, "## Steps to the baseline's final")
-    assert targets["slow"]["step"] == "0"  # a higher-is-better curve above the target from its first point
-    assert targets["fast"]["step"] == "0"
+    # a higher-is-better reading of falling curves: at the target from the first point, no speedup to speak of
+    assert targets["slow"]["per-seed speedup"] == "0: at first point; 1: at first point; 2: at first point"
 
 
 def test_another_baseline_and_confidence(run_compare):
@@ -376,8 +529,153 @@ def test_one_seed_gives_means_without_a_p_value(run_compare, store):
     row = table(markdown, "## Against the baseline")["fast"]
     assert row["p (paired t)"] == "—" and row["p (Holm)"] == "—"
     assert row["verdict"] == "needs ≥2 paired seeds for a test"
-    assert "needs ≥2 seeds for an interval" in markdown.split("**Noise floor:**")[1]
+    assert "**Minimum detectable effect:** unknown; it needs ≥2 paired seeds" in markdown
     assert "Tuning: none" in markdown
+
+
+# --- missing seeds, divergence, resume, parity, bounded metrics, families, plans ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def edge_report(store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("edge")
+    assert main(["--sweep", store["edge"], "--tracking_uri", store["uri"], "--out", str(out)]) == 0
+    return (out / "report.md").read_text()
+
+
+def edge_differences(variant):
+    base, ours = EDGE_FINALS["base"], EDGE_FINALS[variant]
+    return {s: ours[s] - base[s] for s in sorted(set(base) & set(ours)) if ours[s] is not None}
+
+
+def test_edge_reports_the_held_out_metric_and_the_tuning_rule(edge_report):
+    assert "# Sweep `edge0000`: test/loss" in edge_report
+    assert "the sweep reports `test/loss` and tuned by `val/loss`" in edge_report
+    assert "Rule: separate seed: tuning ran on seed 99, outside the evaluation seeds" in edge_report
+    assert "and 1 diverged (div 1)" in edge_report
+
+
+def test_missing_seeds_pair_by_seed(edge_report):
+    row = table(edge_report, "## Against the baseline")["holes"]
+    differences = edge_differences("holes")
+    assert list(differences) == [0, 2, 3] and row["paired seeds"] == "3"
+    assert row["per-seed difference"] == "; ".join(f"{s}: {d:+.3f}" for s, d in differences.items())
+    assert_printed(row["mean difference"], np.mean(list(differences.values())))
+    p = scipy_stats.ttest_rel([EDGE_FINALS["holes"][s] for s in differences],
+                              [EDGE_FINALS["base"][s] for s in differences]).pvalue
+    assert_printed(row["p (paired t)"], p, relative=5e-3)
+    variants = table(edge_report, "## Variants")
+    assert variants["holes"]["per seed"] == "0: 3.200; 2: 3.110; 3: 3.260; 4: 3.000"
+
+
+def test_a_resumed_step_keeps_its_latest_value_on_non_monotone_curves(edge_report):
+    variants = table(edge_report, "## Variants")
+    finals = EDGE_FINALS["wobbly"]
+    assert variants["wobbly"]["per seed"] == "; ".join(f"{s}: {f:.3f}" for s, f in finals.items())
+    assert_printed(variants["wobbly"]["mean ± std"].split(" ± ")[0], np.mean(list(finals.values())))
+    # Both curves dip below the target at step 200 before ending above the dip: the first crossing counts (and
+    # is interpolated), for the baseline seed too, which reaches its own final value before its last step.
+    speedups = table(edge_report, "## Steps to the baseline's final")["wobbly"]
+    for seed, cell in zip(EDGE_SEEDS, speedups["per-seed speedup"].split("; "), strict=True):
+        target = EDGE_FINALS["base"][seed]
+        base_step = first_crossing(wobbly_curve(target), target)
+        assert base_step < STEPS[-1]
+        assert_printed(cell.split(": ")[1].rstrip("×"), base_step / first_crossing(wobbly_curve(finals[seed]), target))
+
+
+def first_crossing(curve, target):
+    """The first point at or below ``target``, interpolated from the point before it."""
+    first = next(i for i, v in enumerate(curve) if v <= target)
+    if first == 0:
+        return STEPS[0]
+    return STEPS[first - 1] + (target - curve[first - 1]) * (STEPS[first] - STEPS[first - 1]) / (
+        curve[first] - curve[first - 1])
+
+
+def test_a_diverged_seed_is_an_outcome(edge_report):
+    variants = table(edge_report, "## Variants")
+    assert variants["div"]["seeds"] == "3 + 1 diverged"
+    assert "2: diverged at 150" in variants["div"]["per seed"]
+    row = table(edge_report, "## Against the baseline")["div"]
+    assert row["paired seeds"] == "4 (1 diverged: not in t)" and "2: variant diverged" in row["per-seed difference"]
+    assert row["test"] == "sign-flip" and row["CI (Holm)"] == "— (sign-flip verdict)"
+    finite = edge_differences("div")
+    assert_printed(row["p (paired t)"], scipy_stats.ttest_1samp(list(finite.values()), 0).pvalue, relative=5e-3)
+    # three seeds better, the diverged one worst of all: signed ranks -2, -1, +4, -3, |sum| 2. A pattern's sum is
+    # 10 - 2 * (the ranks it negates); only {1, 4} and {2, 3} give 0, so 14 of the 16 patterns reach |2|
+    assert_printed(row["p (sign-flip)"], 14 / 16, relative=1e-3)
+    assert row["verdict"] == "not distinguishable at this noise"
+    assert "enters the sign-flip test as the worst outcome" in edge_report
+
+
+def test_a_variant_diverged_at_every_tuning_value_is_reported(edge_report):
+    assert table(edge_report, "## Variants")["dead"]["seeds"] == "0 (diverged at every tuning value: 2 of 2)"
+    assert table(edge_report, "## Against the baseline")["dead"]["verdict"] == "diverged at every tuning value"
+
+
+def test_parity_is_tested_as_equivalence(edge_report):
+    row = table(edge_report, "## Against the baseline")["eq"]
+    d = np.array(list(edge_differences("eq").values()))
+    p = max(scipy_stats.ttest_1samp(d, -EDGE_MARGIN, alternative="greater").pvalue,
+            scipy_stats.ttest_1samp(d, EDGE_MARGIN, alternative="less").pvalue)
+    assert_printed(row["p (TOST)"], p, relative=5e-3)
+    assert row["verdict"] == f"equivalent within ±{EDGE_MARGIN:g}"
+    assert table(edge_report, "## Against the baseline")["holes"]["p (TOST)"] == "—"
+
+
+def test_parity_flags_override_the_protocol(run_compare, store):
+    code, markdown, _ = run_compare("--sweep", store["edge"], "--parity", "holes", "--equivalence_margin", "0.001")
+    assert code == 0
+    rows = table(markdown, "## Against the baseline")
+    assert rows["holes"]["verdict"] in ("different (better)", "not shown equivalent")
+    assert rows["eq"]["p (TOST)"] == "—"
+
+
+def test_a_bounded_metric_keeps_its_interval_in_zero_one_and_shows_the_collapse(run_compare):
+    code, markdown, _ = run_compare("--experiment", "digits")
+    assert code == 0
+    row = table(markdown, "## Variants")["dyt"]
+    low, high = (float(x) for x in pair(row["95% CI"]))
+    assert 0 < low < high < 1 and hand_interval(DIGITS_FINALS["dyt"])[1] > 1  # the raw t interval would not
+    assert row["seeds"] == "5 (1 collapsed)" and "2: 0.1000 collapsed" in row["per seed"]
+    comparison = table(markdown, "## Against the baseline")["dyt"]
+    assert_printed(comparison["p (sign-flip)"], 2 / 32, relative=1e-3)  # all five seeds worse
+    assert "logit scale" in markdown
+
+
+def test_an_unknown_metric_needs_a_mode(run_compare):
+    code, _, err = run_compare("--experiment", "digits", "--metric", "val/score")
+    assert code == 2 and len(err) == 1 and "--mode min or --mode max" in err[0]
+    code, markdown, _ = run_compare("--experiment", "digits", "--metric", "val/score", "--mode", "max")
+    assert code == 0 and "`val/score`, higher is better (from --mode)" in markdown
+    assert table(markdown, "## Against the baseline")["dyt"]["verdict"] != "better"
+
+
+def test_holm_runs_over_the_declared_family(run_compare, store):
+    def p(sweep):
+        (base, variant) = FAMILY[sweep].values()
+        return scipy_stats.ttest_rel(variant, base).pvalue
+
+    code, markdown, _ = run_compare("--sweep", store["family"][0])
+    assert code == 0
+    assert "family `suite`, declared in the protocol over 2 sweeps (famA0000, famB0000)" in markdown
+    row = table(markdown, "## Against the baseline")["a"]
+    assert_printed(row["p (Holm)"], hand_holm(np.array([p("famA00000001"), p("famB00000001")]))[0], relative=5e-3)
+    code, markdown, _ = run_compare("--sweep", store["family"][0], "--no_family")
+    assert_printed(table(markdown, "## Against the baseline")["a"]["p (Holm)"], p("famA00000001"), relative=5e-3)
+
+
+def test_plan_gives_the_seeds_an_effect_needs(run_compare):
+    code, out, _ = run_compare("--experiment", "norms", "--plan", "--effect", "0.02")
+    assert code == 0 and "# Plan for sweep" in out
+    rows = table(out, "# Plan")
+    alpha = 0.05 / 3
+    for variant in ("fast", "same", "slow"):
+        sd = np.subtract(FINALS[variant], FINALS["base"]).std(ddof=1)
+        n = next(n for n in range(2, 1000) if scipy_stats.nct.sf(scipy_stats.t.ppf(1 - alpha / 2, n - 1), n - 1,
+                                                                  0.02 * np.sqrt(n) / sd) >= 0.8)
+        assert rows[variant]["seeds for 0.02"] == str(n)
+        assert_printed(rows[variant]["MDE now (80%)"], hand_mde(sd, 3, alpha))
 
 
 # --- errors: one line, exit code 2 -------------------------------------------------------------------------------
@@ -392,6 +690,12 @@ def test_one_seed_gives_means_without_a_p_value(run_compare, store):
     (["--experiment", "unfinished"], ["no FINISHED final child runs", "FAILED: 1", "RUNNING: 1"]),
     (["--experiment", "single", "--require_test"], ["--require_test", "paired seeds fast: 1"]),
     (["--experiment", "norms", "--confidence", "95"], ["between 0 and 1"]),
+    (["--experiment", "norms", "--plan"], ["--plan needs --effect"]),
+    (["--experiment", "norms", "--effect", "0.1"], ["--effect is read only with --plan"]),
+    (["--experiment", "norms", "--parity", "fast"], ["needs a margin", "--equivalence_margin"]),
+    (["--experiment", "norms", "--equivalence_margin", "0.1"], ["--parity LABEL"]),
+    (["--experiment", "norms", "--parity", "nope", "--equivalence_margin", "0.1"], ["not a variant"]),
+    (["--experiment", "norms", "--mode", "up"], ["invalid choice"]),
     ([], ["one of the arguments --experiment --sweep is required"]),
 ])
 def test_user_errors_are_one_line(run_compare, args, says):

@@ -91,7 +91,7 @@ def test_prepare_with_a_local_tokenizer_then_train_windows(tmp_path):
 
 
 def test_missing_shards_dir_says_how_to_make_it(tmp_path):
-    with pytest.raises(UserInputError, match="python -m lit.data.prepare"):
+    with pytest.raises(UserInputError, match="python cli.py prepare-data"):
         TextDataModule(shards_dir=str(tmp_path / "nope"))
 
 

@@ -225,7 +225,8 @@ def test_declares_its_gates_for_the_diagnostics():
     assert expected <= names
     merge = registry.create("residual", "mhc").merge("attn", 0, INFO)
     # The static self-weight at init: uniform mixing, 1/4.
-    assert merge.diagnostic_scalars["res_diagonal"](merge).item() == pytest.approx(0.25)
+    declared = {name: fn for name, _, fn in declared_diagnostics(merge)}
+    assert declared["res_diagonal"](merge).item() == pytest.approx(0.25)
 
 
 @pytest.mark.parametrize("options, message", [({"sinkhorn_iters": 0}, "give an integer >= 1"),

@@ -168,7 +168,7 @@ def test_fused_tail_on_its_torch_path_is_the_unfused_block_exactly():
 # --- a whole block against the spec, written out by hand ----------------------------------------------
 
 def spec_block(block, h: torch.Tensor, rope: RotaryEmbedding, causal: bool) -> torch.Tensor:
-    """NVIDIA's nGPT block (spec §2) with a correct RoPE, from the block's own weights."""
+    """NVIDIA's reference nGPT block (NVIDIA/ngpt) with a correct RoPE, from the block's own weights."""
     B, T, d = h.shape
     H = block.attn.n_heads
     dk = d // H

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from lit.cli import main
+from lit.commands import main
 from lit.language_model import LanguageModel
 from lit.models.transformer import TransformerConfig
 from lit.procedures.checkpoint_io import read_trained_lm, write_lm_checkpoint

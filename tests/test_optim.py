@@ -13,7 +13,7 @@ from torch import nn
 import arch_plugins.optimizers
 import lit.optim
 from arch_plugins import registry
-from arch_plugins.norms.dyt import DynamicTanh, LearnableScale
+from arch_plugins.norms.dyt import DynamicTanh, EmbeddingScale
 from arch_plugins.weight_decay import declare_weight_decay
 from lit.models import GPT, TransformerConfig
 from lit.optim import adamw, warmup_cosine
@@ -75,14 +75,14 @@ def test_dyt_decays_its_scalars_in_a_language_model_as_the_reference_does():
     embedding scalar included); its ViT code skips 1-D parameters. Under the ndim rule none of them decayed."""
     torch.manual_seed(0)
     lm = GPT(50, 8, TransformerConfig(d_model=32, n_layers=2, n_heads=4, norm="dyt"))
-    dyt = [p for m in lm.modules() if isinstance(m, (DynamicTanh, LearnableScale)) for p in m.parameters()]
+    dyt = [p for m in lm.modules() if isinstance(m, (DynamicTanh, EmbeddingScale)) for p in m.parameters()]
     assert len(dyt) == 2 * 2 * 2 + 2 + 1  # alpha and gamma per DyT (2 per block, and the final), the scalar
     decay, no_decay = groups(lm)
     assert all(id(p) in decay for p in dyt)
     off = GPT(50, 8, TransformerConfig(d_model=32, n_layers=2, n_heads=4, norm="dyt",
                                        norm_options={"decay_all": False}))
     decay, no_decay = groups(off)
-    assert all(id(p) in no_decay for m in off.modules() if isinstance(m, (DynamicTanh, LearnableScale))
+    assert all(id(p) in no_decay for m in off.modules() if isinstance(m, (DynamicTanh, EmbeddingScale))
                for p in m.parameters())
     assert registry.create("norm", "dyt", {"decay_all": True}).decay_all is True
 

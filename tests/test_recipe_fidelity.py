@@ -1,4 +1,5 @@
-"""Recipes that follow a reference carry its training settings (docs: the fidelity audit), checked as written."""
+"""Recipes that follow a reference carry its training settings (their comments name the reference's file and
+line), checked as written."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from lit.cli import main
+from lit.commands import main
 from lit.errors import UserInputError
 from lit.sweep import protocol as P
 from lit.sweep.grid import build_children, build_variants, find_baseline, parse_variant, split_top_level

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from lit.callbacks import MLflowRun
-from lit.callbacks.mlflow_run import checkpoint_run
 from lit.cli import main
 from lit.errors import UserInputError
 from lit.tracking import MLflowLogger
+from lit.tracking.run import checkpoint_run
 from tests.conftest import REPO, TINY_LM
 from tests.mlflow_server import MlflowServer
 

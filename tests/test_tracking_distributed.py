@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from lit.callbacks.mlflow_run import checkpoint_run
+from lit.tracking.run import checkpoint_run
 from tests.conftest import REPO, TINY_LM, free_port, subprocess_env
 from tests.test_tracking import (  # noqa: F401  (mlflow_server is a fixture)
     BASELINE,

@@ -11,8 +11,8 @@ import pytest
 from mlflow.entities import Metric
 
 from lit.cli import main
-from lit.metric_outbox import MetricOutbox
-from lit.tracking_sync import main as sync
+from lit.tracking.outbox import MetricOutbox
+from lit.tracking.sync import main as sync
 from tests import fault_injection
 from tests.conftest import REPO, TINY_LM, free_port
 from tests.mlflow_server import MlflowServer
@@ -64,7 +64,7 @@ def test_falling_back_to_the_local_store_and_copying_the_run_to_the_server_later
                                                   .experiment_id])[0]
     warnings = [r.getMessage() for r in caplog.records if r.name == "lit.tracking"]
     assert any(f"{dead} is not reachable" in w and f"logging to the local store {local}" in w for w in warnings)
-    command = f"python -m lit.tracking_sync run {run.info.run_id} --from {local} --to {dead}"
+    command = f"python cli.py sync run {run.info.run_id} --from {local} --to {dead}"
     assert any(command in w for w in warnings), warnings
 
     assert sync(["run", run.info.run_id, "--from", local, "--to", server.url]) == 0
@@ -81,12 +81,12 @@ def test_the_server_stopped_and_started_during_a_run_loses_no_metric(workdir, se
     # It takes seconds to be up, so training goes on while it is away, and the end of training waits for it.
     outage = "{class_path: tests.fault_injection.ServerOutage, init_args: {stop_at: 3, start_at: 5}}"
     fault_injection.OBSERVED.clear()
-    with caplog.at_level("WARNING", logger="lit.metric_outbox"):
+    with caplog.at_level("WARNING", logger="lit.tracking.outbox"):
         fit("--trainer.max_steps=12", f"--trainer.logger.init_args.tracking_uri={server.url}",
             "--trainer.logger.init_args.experiment_name=outage", "--trainer.logger.init_args.flush_timeout=180",
             f"--trainer.callbacks=[{outage}]")
     assert fault_injection.OBSERVED["journal_during_outage"]  # kept on disk while the server was away
-    messages = [r.getMessage() for r in caplog.records if r.name == "lit.metric_outbox"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "lit.tracking.outbox"]
     assert any("cannot take metrics now" in m for m in messages) and any("is back" in m for m in messages)
     client = mlflow.MlflowClient(server.url)
     run = client.search_runs([client.get_experiment_by_name("outage").experiment_id])[0]

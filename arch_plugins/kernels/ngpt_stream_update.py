@@ -143,7 +143,7 @@ class NGPTStreamUpdate(torch.autograd.Function):
         return dh.view(h_shape), db.view(b_shape), da, None, None
 
 
-@torch.compiler.disable  # opaque to torch.compile: Inductor must not re-fuse it through its casts (spec §8)
+@torch.compiler.disable  # opaque to torch.compile: Inductor must not re-fuse it through its casts
 def ngpt_stream_update(h: torch.Tensor, branch: torch.Tensor, alpha: torch.Tensor, eps_branch: float,
                        eps_stream: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(Norm(lerp(h, Norm(branch), alpha)), Norm(branch)) with the Triton kernel; alpha is used as given (pass

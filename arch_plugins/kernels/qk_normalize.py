@@ -141,7 +141,7 @@ class QKNormalize(torch.autograd.Function):
         return dq, dk, ds2, None
 
 
-@torch.compiler.disable  # opaque to torch.compile: Inductor must not re-fuse it through its casts (spec §8)
+@torch.compiler.disable  # opaque to torch.compile: Inductor must not re-fuse it through its casts
 def qk_normalize(q: torch.Tensor, k: torch.Tensor, s2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(s2 * q/|q|, k/|k|) per head with the Triton kernel; q, k (B, H, T, head_dim), s2 (H, head_dim).
     Callers decide through dispatch.use_triton."""

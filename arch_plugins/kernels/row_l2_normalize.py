@@ -77,7 +77,7 @@ class RowL2Normalize(torch.autograd.Function):
         return dx.view(ctx.shape), None
 
 
-@torch.compiler.disable  # opaque to torch.compile: Inductor must not re-fuse it through its casts (spec §8)
+@torch.compiler.disable  # opaque to torch.compile: Inductor must not re-fuse it through its casts
 def row_l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / max(|x|, eps) over the last dim with the Triton kernel (callers decide through dispatch.use_triton)."""
     return RowL2Normalize.apply(x, eps)

@@ -46,8 +46,11 @@ class DynamicTanh(nn.Module):
         return y + self.bias if self.bias is not None else y
 
 
-class LearnableScale(nn.Module):
-    """x * s with s one learnable scalar."""
+class EmbeddingScale(nn.Module):
+    """x * s with s one learnable scalar (DyT's scale of the token embeddings, started at sqrt(d_model)).
+
+    Not ``arch_plugins.learned_scale.LearnedScale``, nGPT's stored-at-one-value, used-at-another vector.
+    """
 
     def __init__(self, init: float):
         super().__init__()
@@ -107,7 +110,7 @@ class DyTStrategy(NormStrategy):
             bias = (not stack.causal) if self.bias is None else self.bias
             module = DynamicTanh(dim, self.initial_alpha(site, stack), bias)
         elif site == Site.EMBEDDING and (stack.causal if self.embedding_scale is None else self.embedding_scale):
-            module = LearnableScale(math.sqrt(dim))
+            module = EmbeddingScale(math.sqrt(dim))
         else:
             return None
         if stack.causal if self.decay_all is None else self.decay_all:

@@ -33,10 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import NormStrategy, Site, StackInfo
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_weight_decay
+from arch_plugins.interfaces import Kind, NormStrategy, Role, Site, StackInfo
 from arch_plugins.registry import PluginError
-from arch_plugins.weight_decay import declare_weight_decay
 
 
 class PhaseRMSNorm(nn.Module):
@@ -46,6 +45,7 @@ class PhaseRMSNorm(nn.Module):
         super().__init__()
         self.phases, self.eps = phases, eps
         self.weight = nn.Parameter(torch.ones(dim))  # the N per-phase gain vectors, concatenated
+        declare_role(self, "weight", Role.GAIN)
         declare_weight_decay(self, "weight", decay)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,6 +62,7 @@ class PhaseRotation(nn.Module):
         self.phases = phases
         # The reference's depth-linear schedule: a small angle in the first block, a quarter turn in the last.
         self.theta = nn.Parameter(torch.full((dim // phases // 2,), (layer + 1) * math.pi / (2 * num_layers)))
+        declare_role(self, "theta", "phase_angle", kind=Kind.VECTOR, group="norms")
         declare_weight_decay(self, "theta", decay)
         self.register_buffer("offsets", 2 * math.pi / phases * torch.arange(phases, dtype=torch.float32),
                              persistent=False)
@@ -95,6 +96,9 @@ class ThreePhaseStrategy(NormStrategy):
         weight_decay: decay the rotation angles and the per-phase gains as the reference does (its AdamW decays
             every parameter); false keeps the project's default for vectors (not decayed).
     """
+
+    # An encoder has no sequence position for the profile to follow: what the conformance kit (and a user) passes.
+    stack_options = {"vit": {"horn": False}}
 
     def __init__(self, phases: int = 3, eps: float = 1e-6, horn: bool = True, weight_decay: bool = True):
         if not isinstance(phases, int) or isinstance(phases, bool) or phases < 1:

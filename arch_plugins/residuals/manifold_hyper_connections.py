@@ -36,8 +36,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from arch_plugins.diagnostics import declare_diagnostic
-from arch_plugins.interfaces import StackInfo
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles, declare_weight_decay
+from arch_plugins.interfaces import Kind, Role, StackInfo
 from arch_plugins.residuals.hyper_connections import MultiStreamResidual, StreamMixing
 
 
@@ -74,6 +74,13 @@ class ManifoldConstrainedConnection(StreamMixing):
         self.alpha_post = nn.Parameter(torch.tensor(float(gating_init)))
         self.alpha_res = nn.Parameter(torch.tensor(float(gating_init)))
         self.bias = nn.Parameter(torch.zeros(n * n + 2 * n))
+        # phi maps the width to a handful of coefficients (vector-like as width grows, like hyper-connections'
+        # dynamic alpha); it decays as the matrix it is, as before roles existed.
+        declare_role(self, "phi", "mhc_projection", kind=Kind.VECTOR, group="residual")
+        declare_weight_decay(self, "phi", True)
+        declare_roles(self, {name: "mhc_gate" for name in ("alpha_pre", "alpha_post", "alpha_res")}, kind=Kind.SCALAR,
+                      group="residual")
+        declare_role(self, "bias", Role.BIAS, group="residual")
         for name in ("alpha_pre", "alpha_post", "alpha_res"):
             declare_diagnostic(self, name)
         declare_diagnostic(self, "res_diagonal", _res_diagonal)

@@ -8,7 +8,7 @@ hypersphere strategy is one user), never parameter names. When:
 - after every optimizer step, through ``Optimizer.register_step_post_hook``: exactly once per step,
   whatever the gradient accumulation (Lightning runs the closure inside ``optimizer.step``, so the hook
   fires after the update), and not at all when an AMP scaler skips the step. ``on_before_zero_grad``
-  would run between forward and backward in Lightning's closure (platform.md §5) and
+  would run between forward and backward in Lightning's closure and
   ``on_train_batch_end`` runs on every micro-batch.
 
 Under DDP every rank renormalises its identical replica locally; under FSDP2 the DTensor shards are

@@ -1,5 +1,6 @@
-"""A sweep turned into the numbers of its report: per-variant summaries, paired tests against the baseline,
-steps to the baseline's final value, throughput, and the depth profile when the runs logged one.
+"""A sweep turned into the numbers of its report: per-variant summaries and outcomes, paired tests against the
+baseline within the sweep's family (Holm, BH, intervals in step with Holm, the minimum detectable effect, equivalence
+for parity claims), steps to each baseline seed's final value, throughput, and the depth profile when logged.
 
 Everything here is a pure function of a ``Sweep`` (no MLflow, no files), so the report and the plots show
 the same numbers and the tests can check them against a computation by hand.
@@ -8,32 +9,43 @@ the same numbers and the tests can check them against a computation by hand.
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
 from lit.compare import stats
-from lit.compare.runs import SPIKE_METRIC, STREAM_RMS_PREFIX, Sweep, is_throughput_metric
+from lit.compare.runs import Sweep, is_throughput_metric
 from lit.errors import UserInputError
 from lit.sweep import protocol
+from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
+from lit.tracking.names import STREAM_RMS_PREFIX, SUBLAYER
 
 NEEDS_SEEDS = "needs ≥2 seeds for an interval"
 NEEDS_PAIRS = "needs ≥2 paired seeds for a test"
 NO_COMMON_SEED = "no seed in common with the baseline"
-# Sublayers in the order the residual stream passes them: embedding, then each block's attention and MLP.
-SUBLAYER = re.compile(r"^(?:embedding|layer(?P<block>\d{2})\.(?P<part>attn|mlp)|final)$")
+ALL_TUNING_DIVERGED = "diverged at every tuning value"
+T_TEST, SIGN_FLIP = "paired t", "sign-flip"
+EQUIVALENT, NOT_EQUIVALENT, DIFFERENT = "equivalent within ±{margin:g}", "not shown equivalent", "different"
+# Metric names whose direction is known (the last path segment, lower case); anything else needs --mode.
+LOWER_IS_BETTER = ("loss", "nll", "ppl", "perplexity", "bpb", "bpc", "bits", "error", "err", "mse", "mae", "rmse",
+                   "cer", "wer")
+HIGHER_IS_BETTER = ("acc", "top", "f1", "auc", "auroc", "map", "iou", "miou", "dice", "bleu", "rouge", "mcc", "r2",
+                    "precision", "recall", "psnr", "ssim")
+PROPORTIONS = ("acc", "top", "f1", "auc", "auroc", "map", "iou", "miou", "dice", "precision", "recall", "error",
+               "err")  # metrics that live in [0, 1] when their values do
+COLLAPSE_FRACTION = 0.5  # a bounded seed closer to the worst value than this share of the baseline's median is
 
 
 @dataclass(frozen=True)
 class VariantResult:
-    """One variant's counted seed runs: the final metric per seed and what else the runs logged."""
+    """One variant's counted seed runs: the final metric per finished seed, the diverged ones, and what else the
+    runs logged."""
 
     label: str
     overrides: str
-    values: dict[str, float]  # seed -> the metric at the run's last logged step
-    summary: stats.Summary | None  # None when none of its runs is counted
+    values: dict[str, float]  # seed -> the metric at the run's last logged step (finished runs)
+    summary: stats.Summary | None  # None when none of its runs finished
     tuned: str | None  # the tuned value its final runs ran with (one, or several joined by ", ")
     parameters: float | None
     throughput: float | None  # items/s: median over each run's history, mean over seeds
@@ -42,26 +54,62 @@ class VariantResult:
     items_per_step: float | None
     spike_count: float | None
     curve: pd.DataFrame  # stats.mean_curve of the metric: step, mean, std, n
+    diverged: dict[str, int | None] = field(default_factory=dict)  # seed -> first non-finite step (diverged runs)
+    collapsed: tuple[str, ...] = ()  # finished seeds whose bounded metric collapsed (``collapsed_seeds``)
+    tuning_diverged: tuple[int, int] = (0, 0)  # (tuning runs that diverged, tuning runs found)
+    seed_curves: dict[str, pd.DataFrame] = field(default_factory=dict)  # seed -> step, value (finished runs)
+
+    @property
+    def diverged_at_every_tuning_value(self) -> bool:
+        return self.tuning_diverged[1] > 0 and self.tuning_diverged[0] == self.tuning_diverged[1]
 
 
 @dataclass(frozen=True)
-class Comparison:
-    """A variant against the baseline: the paired difference, its Holm-adjusted p and the verdict."""
+class Equivalence:
+    """A parity claim's two one-sided tests: is the mean difference within ±margin of the baseline?"""
 
-    label: str
-    paired: stats.Paired
-    p_adjusted: float | None
+    margin: float
+    p_value: float | None  # the larger one-sided p; None when it cannot be computed
+    p_adjusted: float | None  # Holm over the parity claims of the family
     verdict: str
 
 
 @dataclass(frozen=True)
-class Target:
-    """When a variant's mean curve reaches the baseline's final mean, and the speedup that gives."""
+class Comparison:
+    """A variant against the baseline. ``paired`` is the t side (finished pairs only); ``outcomes`` every seed
+    both have, a diverged run entering as the worst outcome (an infinite difference) in the sign-flip test."""
 
     label: str
-    step: float | None  # None: never reached
-    tokens: float | None  # step x items per step, when the runs logged their batch size
-    speedup: float | None  # the baseline's final step / step
+    paired: stats.Paired
+    p_adjusted: float | None  # Holm, of the test the verdict rests on
+    verdict: str
+    outcomes: dict[str, float] = field(default_factory=dict)  # seed -> difference (±inf: one side diverged)
+    excluded: tuple[str, ...] = ()  # seeds left out of the t-test because a run diverged
+    p_sign_flip: float | None = None
+    test: str | None = None  # T_TEST or SIGN_FLIP: the test the verdict rests on
+    q_value: float | None = None  # Benjamini-Hochberg over the family
+    level: float | None = None  # the per-comparison level of ``interval`` (Holm's level at this comparison)
+    interval: tuple[float, float] | None = None  # excludes 0 exactly when the Holm verdict says different
+    mde: float | None = None  # at 80% power and the family's alpha / m
+    equivalence: Equivalence | None = None
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """Steps-to-target per seed: how much sooner the variant reaches each baseline seed's final value than that
+    baseline seed did (the baseline is 1.00 by construction)."""
+
+    label: str
+    seeds: int  # paired seeds considered
+    steps: dict[str, float | None]  # seed -> the variant's first step at the target (None: not reached)
+    ratios: dict[str, float]  # seed -> baseline seed's step / the variant's step (where both are > 0)
+    geometric_mean: float | None
+    interval: tuple[float, float] | None  # t interval of the mean log ratio, mapped back
+    tokens: float | None  # median step x items per step, when the runs logged their batch size
+
+    @property
+    def reached(self) -> int:
+        return sum(step is not None for step in self.steps.values())
 
 
 @dataclass(frozen=True)
@@ -75,21 +123,34 @@ class DepthProfile:
 
 
 @dataclass(frozen=True)
+class Family:
+    """The multiple-comparison family: Holm and BH run over every tested comparison of every sweep in it."""
+
+    name: str
+    sweeps: tuple[str, ...]  # sweep ids whose comparisons are in the family (this one first)
+    size: int  # tested comparisons in the family (m)
+    declared: bool  # named in the protocol (else: one family per sweep, by default)
+
+
+@dataclass(frozen=True)
 class Analysis:
     sweep: Sweep
     metric: str
     mode: str  # "min": lower is better; "max": higher is better
+    mode_source: str  # where the direction came from, in words
     confidence: float
     baseline: str
     variants: list[VariantResult]
     comparisons: list[Comparison]
     target: float  # the baseline's final mean
-    baseline_final_step: float
-    targets: list[Target]
+    targets: list[Speedup]
     baseline_std: float | None
-    median_half_width: float | None  # of the paired-difference intervals: the smallest detectable effect
+    median_half_width: float | None  # of the unadjusted paired-difference intervals (for the printed decimals)
     depth: DepthProfile | None
     without_metric: int  # counted runs that never logged the metric
+    family: Family
+    bounded: bool  # the metric is a proportion in [0, 1]: logit intervals, collapses shown
+    equivalence_margin: float | None = None
 
     @property
     def protocol(self) -> dict:
@@ -99,12 +160,41 @@ class Analysis:
     def alpha(self) -> float:
         return 1 - self.confidence
 
+    @property
+    def mde_alpha(self) -> float:
+        """Holm's strictest per-comparison level, alpha / m: the MDE holds at every step of the family."""
+        return self.alpha / max(1, self.family.size)
 
-def metric_direction(spec: dict, metric: str) -> str:
-    """"min" or "max": the protocol's own mode for its metric (the sweep tuned by it), else by the name."""
-    if metric == spec.get("metric") and spec.get("mode") in stats.MODES:
-        return spec["mode"]
-    return protocol.metric_mode(metric)
+
+def known_mode(metric: str) -> str | None:
+    """The direction a metric's name says, or None for a name this does not know."""
+    name = metric.rsplit("/", 1)[-1].lower()
+    if name.startswith(HIGHER_IS_BETTER):
+        return "max"
+    if name.startswith(LOWER_IS_BETTER):
+        return "min"
+    return None
+
+
+def metric_direction(spec: dict, metric: str, mode: str | None = None) -> tuple[str, str]:
+    """(``"min"`` or ``"max"``, where it came from): ``--mode``, else the protocol's mode when the metric is the
+    sweep's own (tuning or report metric), else the name's known direction. An unknown name without a mode is a
+    user error: guessing would flip every verdict of a higher-is-better metric."""
+    if mode is not None:
+        return mode, "--mode"
+    if metric in (spec.get("metric"), spec.get("report_metric")) and spec.get("mode") in stats.MODES:
+        return spec["mode"], "the sweep's protocol"
+    known = known_mode(metric)
+    if known is None:
+        raise UserInputError(f"the direction of {metric!r} is not known (is lower or higher better?); pass --mode min "
+                             "or --mode max (or run the sweep with --mode, which records it in its protocol)")
+    return known, "the metric's name"
+
+
+def is_bounded(metric: str, values: list[float]) -> bool:
+    """A proportion (accuracy, F1, ...) whose values all lie in [0, 1]; an accuracy logged in percent is not."""
+    name = metric.rsplit("/", 1)[-1].lower()
+    return bool(values) and name.startswith(PROPORTIONS) and all(0 <= v <= 1 for v in values)
 
 
 def variant_labels(sweep: Sweep) -> list[str]:
@@ -113,55 +203,98 @@ def variant_labels(sweep: Sweep) -> list[str]:
     return labels + sorted(set(sweep.runs["variant"]) - set(labels))
 
 
-def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float) -> Analysis:
-    """All the numbers of the report. ``baseline`` None means the protocol's baseline."""
+def family_name(spec: dict, sweep_id: str) -> tuple[str, bool]:
+    """The protocol's family and whether it declared one (sweeps without one are a family of their own)."""
+    name = spec.get("family")
+    return (str(name), True) if name else (sweep_id, False)
+
+
+def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, mode: str | None = None,
+            equivalence: tuple[float, list[str]] | None = None,
+            family_tests: dict[str, tuple[list[float], list[float]]] | None = None) -> Analysis:
+    """All the numbers of the report. ``baseline`` None means the protocol's baseline; ``mode`` None the
+    protocol's or the metric's direction; ``equivalence`` (margin, parity labels) overrides the protocol's;
+    ``family_tests`` the (difference p-values, equivalence p-values) of the other sweeps of this one's family,
+    by sweep id, which Holm and BH take in with this sweep's."""
     labels = variant_labels(sweep)
     baseline = baseline or sweep.protocol.get("baseline") or labels[0]
     if baseline not in labels:
         raise UserInputError(f"{baseline!r} is not a variant of sweep {sweep.sweep_id}; pass one of its labels to "
                              f"--baseline: {', '.join(labels)}")
-    mode = metric_direction(sweep.protocol, metric)
+    mode, mode_source = metric_direction(sweep.protocol, metric, mode)
+    if equivalence is None and sweep.protocol.get("equivalence"):
+        declared = sweep.protocol["equivalence"]
+        equivalence = (float(declared["margin"]), list(declared.get("variants") or []))
     history = {key: points for key, points in sweep.history.groupby("key")}
     metric_points = history.get(metric, sweep.history.iloc[0:0])
-    runs = sweep.runs[sweep.runs["run_id"].isin(set(metric_points["run_id"]))]
+    finished = sweep.runs[sweep.runs["run_id"].isin(set(metric_points["run_id"]))]
+    diverged = sweep.runs[sweep.runs["outcome"] == protocol.DIVERGED_OUTCOME]
+    bounded = is_bounded(metric, [stats.final_value(p) for _, p in metric_points.groupby("run_id")])
     overrides = {v["label"]: describe_overrides(v.get("overrides")) for v in sweep.protocol.get("variants", [])}
-    variants = [_variant(label, runs[runs["variant"] == label], history, metric, overrides.get(label, ""),
-                         confidence) for label in labels]
+    variants = [_variant(label, finished[finished["variant"] == label], diverged[diverged["variant"] == label],
+                         history, metric, overrides.get(label, ""), confidence, bounded, sweep)
+                for label in labels]
     base = next(v for v in variants if v.label == baseline)
     if base.summary is None:
         with_runs = [v.label for v in variants if v.summary is not None]
         raise UserInputError(f"the baseline {baseline!r} has no FINISHED final run that logged {metric}; pass "
                              f"another --baseline: {', '.join(with_runs)}")
+    if bounded:
+        variants = [replace(v, collapsed=collapsed_seeds(v.values, base.values, mode)) for v in variants]
     variants = [_with_relative_throughput(v, base) for v in variants]
-    comparisons = compare_to_baseline(variants, base, confidence, mode)
+    others = family_tests or {}
+    comparisons, family = compare_to_baseline(variants, base, confidence, mode, equivalence, others, sweep)
     half_widths = [c.paired.summary.half_width for c in comparisons
-                   if c.paired.summary is not None and c.paired.summary.half_width is not None]
-    final_step = float(base.curve["step"].iloc[-1]) if len(base.curve) else math.nan
+                   if c.paired.summary is not None and c.paired.summary.half_width]
     return Analysis(
-        sweep=sweep, metric=metric, mode=mode, confidence=confidence, baseline=baseline, variants=variants,
-        comparisons=comparisons, target=base.summary.mean, baseline_final_step=final_step,
-        targets=[steps_to_target(v, base.summary.mean, final_step, mode) for v in variants if v.summary],
+        sweep=sweep, metric=metric, mode=mode, mode_source=mode_source, confidence=confidence, baseline=baseline,
+        variants=variants, comparisons=comparisons, target=base.summary.mean,
+        targets=[steps_to_target(v, base, mode, confidence) for v in variants if v.summary],
         baseline_std=base.summary.std, median_half_width=float(np.median(half_widths)) if half_widths else None,
-        depth=depth_profile(sweep, runs), without_metric=len(sweep.runs) - len(runs))
+        depth=depth_profile(sweep, finished), without_metric=int((sweep.runs["outcome"] ==
+                                                                   protocol.FINISHED_OUTCOME).sum()) - len(finished),
+        family=family, bounded=bounded, equivalence_margin=equivalence[0] if equivalence else None)
 
 
-def _variant(label: str, runs: pd.DataFrame, history: dict[str, pd.DataFrame], metric: str, overrides: str,
-             confidence: float) -> VariantResult:
+def _variant(label: str, runs: pd.DataFrame, diverged: pd.DataFrame, history: dict[str, pd.DataFrame], metric: str,
+             overrides: str, confidence: float, bounded: bool, sweep: Sweep) -> VariantResult:
     ids = list(runs["run_id"])
     seeds = dict(zip(runs["run_id"], runs["seed"], strict=True))
     metric_points = _of_runs(history.get(metric), ids)
     values = {seeds[run_id]: stats.final_value(points) for run_id, points in metric_points.groupby("run_id")}
     values = dict(sorted(values.items(), key=lambda item: stats.seed_order(item[0])))
-    tuned = sorted({str(t) for t in runs["tune_value"] if t is not None and not pd.isna(t)})
+    curves = {seeds[run_id]: stats.last_values(points).sort_values("step")[["step", "value"]]
+              for run_id, points in metric_points.groupby("run_id")}
+    tuned = sorted({str(t) for t in pd.concat([runs["tune_value"], diverged["tune_value"]])
+                    if t is not None and not pd.isna(t)})
     throughput, throughput_metric = _throughput(history, ids)
+    summarize = stats.summarize_bounded if bounded else stats.summarize
+    tuning = sweep.tuning if sweep.tuning is not None else pd.DataFrame(columns=["variant", "outcome"])
+    tuning = tuning[tuning["variant"] == label]
     return VariantResult(
         label=label, overrides=overrides, values=values,
-        summary=stats.summarize(list(values.values()), confidence) if values else None,
+        summary=summarize(list(values.values()), confidence) if values else None,
         tuned=", ".join(tuned) or None, parameters=_mean_final(history.get(protocol.PARAMETERS_METRIC), ids),
         throughput=throughput, throughput_metric=throughput_metric, relative_throughput=None,
         items_per_step=_mean_final(history.get(protocol.ITEMS_PER_STEP_METRIC), ids),
         spike_count=_mean_final(history.get(SPIKE_METRIC), ids),
-        curve=stats.mean_curve(metric_points) if ids else pd.DataFrame(columns=["step", "mean", "std", "n"]))
+        curve=stats.mean_curve(metric_points) if ids else pd.DataFrame(columns=["step", "mean", "std", "n"]),
+        diverged={str(s): (None if pd.isna(step) else int(step))
+                  for s, step in sorted(zip(diverged["seed"], diverged["diverged_step"], strict=True),
+                                        key=lambda item: stats.seed_order(item[0]))},
+        tuning_diverged=(int((tuning["outcome"] == protocol.DIVERGED_OUTCOME).sum()), len(tuning)),
+        seed_curves=curves)
+
+
+def collapsed_seeds(values: dict[str, float], baseline: dict[str, float], mode: str) -> tuple[str, ...]:
+    """Seeds of a bounded metric that collapsed: closer to the worst possible value (0 for an accuracy, 1 for an
+    error rate) than ``COLLAPSE_FRACTION`` of the baseline's median seed. Such a seed is an outcome of its own (a
+    run that stopped learning), shown as such; its value stays in the tests, where it belongs."""
+    if not baseline:
+        return ()
+    worst = 0.0 if mode == "max" else 1.0
+    room = abs(float(np.median(list(baseline.values()))) - worst)
+    return tuple(s for s, v in values.items() if abs(v - worst) < COLLAPSE_FRACTION * room)
 
 
 def _of_runs(points: pd.DataFrame | None, run_ids: list[str]) -> pd.DataFrame:
@@ -196,23 +329,123 @@ def _with_relative_throughput(variant: VariantResult, base: VariantResult) -> Va
     return replace(variant, relative_throughput=relative)
 
 
-def compare_to_baseline(variants: list[VariantResult], base: VariantResult, confidence: float,
-                        mode: str) -> list[Comparison]:
-    """Paired t-tests of every other variant against the baseline, Holm-adjusted over those that have a p."""
-    paired = [(v.label, stats.paired_difference(v.values, base.values, confidence))
-              for v in variants if v.label != base.label and v.summary is not None]
-    tested = [p.p_value for _, p in paired if p.p_value is not None]
-    adjusted = iter(stats.holm(tested))
-    comparisons = []
-    for label, pair in paired:
-        if pair.p_value is None:
-            reason = NO_COMMON_SEED if not pair.seeds else NEEDS_PAIRS
-            comparisons.append(Comparison(label, pair, None, reason))
+def paired_outcomes(variant: VariantResult, base: VariantResult, mode: str) -> dict[str, float]:
+    """Variant - baseline for every seed both have a run of, by seed: a diverged run is the worst outcome, an
+    infinite difference against its side (both diverged: no difference)."""
+    worse = math.inf if mode == "min" else -math.inf
+    seeds = (set(variant.values) | set(variant.diverged)) & (set(base.values) | set(base.diverged))
+    outcomes = {}
+    for seed in sorted(seeds, key=stats.seed_order):
+        if seed in variant.diverged and seed in base.diverged:
+            outcomes[seed] = 0.0
+        elif seed in variant.diverged:
+            outcomes[seed] = worse
+        elif seed in base.diverged:
+            outcomes[seed] = -worse
+        else:
+            outcomes[seed] = variant.values[seed] - base.values[seed]
+    return outcomes
+
+
+def compare_to_baseline(variants: list[VariantResult], base: VariantResult, confidence: float, mode: str,
+                        equivalence: tuple[float, list[str]] | None, others: dict[str, tuple[list[float],
+                                                                                              list[float]]],
+                        sweep: Sweep) -> tuple[list[Comparison], Family]:
+    """Every other variant against the baseline. The verdict rests on the paired t-test when every paired seed
+    finished on both sides and the differences spread; otherwise on the exact sign-flip test, which counts a
+    diverged seed as the worst outcome. Holm (the verdicts) and BH (screening) run over the family: this sweep's
+    tests and those of the other sweeps in ``others``."""
+    alpha = 1 - confidence
+    margin, parity = (equivalence[0], set(equivalence[1])) if equivalence else (None, set())
+    rows = []
+    for v in variants:
+        if v.label == base.label or (v.summary is None and not v.diverged and not v.diverged_at_every_tuning_value):
             continue
-        p_adjusted = next(adjusted)
-        comparisons.append(Comparison(label, pair, p_adjusted,
-                                      stats.verdict(pair.summary.mean, p_adjusted, 1 - confidence, mode)))
-    return comparisons
+        pair = stats.paired_difference(v.values, base.values, confidence)
+        outcomes = paired_outcomes(v, base, mode)
+        excluded = tuple(s for s, d in outcomes.items() if math.isinf(d) or (s in v.diverged and s in base.diverged))
+        p_flip = stats.sign_flip_p(list(outcomes.values())) if len(outcomes) >= 2 else None
+        if pair.p_value is not None and not excluded:
+            test, p = T_TEST, pair.p_value
+        elif p_flip is not None:
+            test, p = SIGN_FLIP, p_flip
+        else:
+            test, p = None, None
+        rows.append((v, pair, outcomes, excluded, p_flip, test, p))
+    tested = [row[6] for row in rows if row[6] is not None]
+    outside = [p for ps, _ in others.values() for p in ps]
+    family_p = tested + outside
+    adjusted = stats.holm(family_p)[:len(tested)]
+    levels = stats.holm_levels(family_p, alpha)[:len(tested)]
+    q_values = stats.benjamini_hochberg(family_p)[:len(tested)]
+    m = len(family_p)
+    equivalence_p = {v.label: _tost(pair, excluded, margin) for v, pair, _, excluded, *_ in rows
+                     if v.label in parity}
+    shown = [label for label, p in equivalence_p.items() if p is not None]
+    equivalence_family = [equivalence_p[label] for label in shown] + [p for _, ps in others.values() for p in ps]
+    equivalence_adjusted = dict(zip(shown, stats.holm(equivalence_family), strict=False))
+    index = 0
+    comparisons = []
+    for v, pair, outcomes, excluded, p_flip, test, p in rows:
+        sd = pair.summary.std if pair.summary is not None else None
+        mde = stats.minimum_detectable_effect(sd, len(pair.seeds), alpha / max(1, m))
+        common = dict(outcomes=outcomes, excluded=excluded, p_sign_flip=p_flip, test=test, mde=mde)
+        if p is None:
+            reason = (ALL_TUNING_DIVERGED if v.diverged_at_every_tuning_value and not outcomes
+                      else NO_COMMON_SEED if not outcomes else NEEDS_PAIRS)
+            comparisons.append(Comparison(v.label, pair, None, reason, **common))
+            continue
+        p_adjusted, level, q = adjusted[index], levels[index], q_values[index]
+        index += 1
+        if test == T_TEST:
+            s = pair.summary
+            interval = stats.t_interval(s.mean, s.std / math.sqrt(s.n), s.n - 1, 1 - level)
+            direction = s.mean
+        else:
+            interval, direction = None, stats.signed_rank_sum(list(outcomes.values()))
+        verdict = stats.verdict(direction, p_adjusted, alpha, mode)
+        parity_result = None
+        if v.label in parity:
+            p_equivalent, p_equivalent_adjusted = equivalence_p[v.label], equivalence_adjusted.get(v.label)
+            parity_result = Equivalence(margin, p_equivalent, p_equivalent_adjusted,
+                                        parity_verdict(verdict, p_equivalent_adjusted, alpha, margin))
+            verdict = parity_result.verdict
+        comparisons.append(Comparison(v.label, pair, p_adjusted, verdict, q_value=q, level=level, interval=interval,
+                                      equivalence=parity_result, **common))
+    name, declared = family_name(sweep.protocol, sweep.sweep_id)
+    return comparisons, Family(name, (sweep.sweep_id, *others), m, declared)
+
+
+def _tost(pair: stats.Paired, excluded: tuple[str, ...], margin: float | None) -> float | None:
+    """The equivalence p of a parity claim; None when it cannot be shown: a diverged seed is not parity, and
+    fewer than 2 pairs or zero spread leave no noise estimate."""
+    if margin is None or excluded or len(pair.seeds) < 2 or pair.zero_spread:
+        return None
+    p = float(stats.tost_p(np.asarray(pair.differences)[None, :], margin)[0])
+    return None if math.isnan(p) else p
+
+
+def parity_verdict(difference_verdict: str, p_equivalent: float | None, alpha: float, margin: float) -> str:
+    """A parity claim in its own terms: equivalence shown (the two one-sided tests, Holm over the family's parity
+    claims), a difference shown (the Holm-adjusted difference test), or neither."""
+    if p_equivalent is not None and p_equivalent < alpha:
+        return EQUIVALENT.format(margin=margin)
+    if difference_verdict in (stats.BETTER, stats.WORSE):
+        return f"{DIFFERENT} ({difference_verdict})"
+    return NOT_EQUIVALENT
+
+
+def tested_p_values(analysis: Analysis) -> tuple[list[float], list[float]]:
+    """This sweep's contribution to its family: the p of each tested comparison, and each parity claim's
+    equivalence p (what another sweep of the family takes in as ``family_tests``)."""
+    differences, equivalences = [], []
+    for c in analysis.comparisons:
+        if c.p_adjusted is None:
+            continue
+        differences.append(c.p_sign_flip if c.test == SIGN_FLIP else c.paired.p_value)
+        if c.equivalence is not None and c.equivalence.p_value is not None:
+            equivalences.append(c.equivalence.p_value)
+    return differences, equivalences
 
 
 def untestable(analysis: Analysis) -> list[str]:
@@ -220,17 +453,31 @@ def untestable(analysis: Analysis) -> list[str]:
     return [c.label for c in analysis.comparisons if c.p_adjusted is None]
 
 
-def steps_to_target(variant: VariantResult, target: float, baseline_final_step: float, mode: str) -> Target:
-    """The step at which the variant's mean curve first reaches ``target``. The tolerance lets the baseline's
-    own curve, which ends at its final mean, count as reaching it despite a different summation order."""
-    tolerance = 1e-9 * max(1.0, abs(target))
-    nudged = target + tolerance if mode == "min" else target - tolerance
-    step = stats.step_reaching(list(variant.curve["step"]), list(variant.curve["mean"]), nudged, mode)
-    if step is None:
-        return Target(variant.label, None, None, None)
-    tokens = step * variant.items_per_step if variant.items_per_step is not None else None
-    speedup = baseline_final_step / step if step > 0 else None
-    return Target(variant.label, step, tokens, speedup)
+def steps_to_target(variant: VariantResult, base: VariantResult, mode: str, confidence: float) -> Speedup:
+    """Per seed both finished: the target is the baseline seed's own final value; each run's "reached" step is the
+    first crossing of its raw curve, interpolated between logged points (``stats.step_reaching``; no
+    best-so-far smoothing); the ratio is the baseline seed's step / the variant's. The baseline against
+    itself is 1.00 at every seed by construction. Ratios summarise as a geometric mean with a t interval of the
+    mean log ratio, over the seeds where both steps are > 0."""
+    seeds = sorted(set(variant.seed_curves) & set(base.seed_curves), key=stats.seed_order)
+    steps, ratios = {}, {}
+    for seed in seeds:
+        target = base.values[seed]
+        base_curve, curve = base.seed_curves[seed], variant.seed_curves[seed]
+        base_step = stats.step_reaching(list(base_curve["step"]), list(base_curve["value"]), target, mode)
+        step = stats.step_reaching(list(curve["step"]), list(curve["value"]), target, mode)
+        steps[seed] = step
+        if step is not None and step > 0 and base_step is not None and base_step > 0:
+            ratios[seed] = base_step / step
+    geometric, interval = None, None
+    if ratios:
+        logs = stats.summarize(np.log(list(ratios.values())), confidence)
+        geometric = math.exp(logs.mean)
+        interval = (math.exp(logs.interval[0]), math.exp(logs.interval[1])) if logs.interval else None
+    reached = [s for s in steps.values() if s is not None]
+    tokens = (float(np.median(reached)) * variant.items_per_step
+              if reached and variant.items_per_step is not None else None)
+    return Speedup(variant.label, len(seeds), steps, ratios, geometric, interval, tokens)
 
 
 def sublayer_order(name: str) -> tuple[int, int, int]:

@@ -13,16 +13,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lit.compare.analysis import Analysis, analyze, untestable
+from lit.compare import stats
+from lit.compare.analysis import Analysis, analyze, family_name, tested_p_values, untestable
 from lit.compare.plots import draw_all
-from lit.compare.report import render
-from lit.compare.runs import connect, find_parent, load_sweep
+from lit.compare.report import render, render_plan
+from lit.compare.runs import Sweep, connect, family_parents, find_parent, load_sweep
 from lit.errors import OneLineArgumentParser, UserInputError
 from lit.sweep import protocol
-from lit.tracking import resolve_tracking_uri
+from lit.tracking.uri import resolve_tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 REPORT_FILE = "report.md"
 PROG = "cli.py compare"
@@ -31,11 +33,15 @@ DESCRIPTION = """\
 Compare the variants of a sweep (`cli.py sweep`) against its baseline, from what the sweep logged to MLflow:
 the parent run's protocol.json, the child runs' tags and their metric histories.
 
-The report gives, per variant, the final metric over seeds (mean, std, t interval), a paired t-test against
-the baseline over the seeds both ran (Holm-adjusted over all comparisons) with a plain verdict, the noise
-floor of the sweep, the steps each variant needs to reach the baseline's final value, throughput and
-parameters, and a depth profile when the runs logged diag/stream_rms/* metrics. Lower-is-better or
-higher-is-better follows the metric (val/loss: lower; val/acc1: higher).
+The report gives, per variant, the final metric per seed and over seeds (mean, std, interval; diverged and
+collapsed seeds as outcomes), and against the baseline, paired by seed: the per-seed differences, a paired
+t-test and an exact sign-flip test, Holm-adjusted within the sweep's family (BH q beside it), an interval in
+step with Holm, the minimum detectable effect, equivalence (TOST) for parity claims, the speedup to each
+baseline seed's final value, throughput and parameters, and a depth profile when the runs logged
+diag/stream_rms/* metrics. The metric's direction comes from --mode, else the protocol, else its name
+(val/loss: lower; val/acc1: higher); an unknown name needs --mode.
+
+With --plan --effect E, prints instead, per comparison, the paired seeds needed to detect a difference of E.
 
 Writes report.md and PNG figures into --out, prints the Markdown, and logs the files into the parent run
 under the artifact folder report/."""
@@ -44,7 +50,9 @@ EPILOG = """\
 examples:
   python cli.py compare --experiment norms
   python cli.py compare --sweep 3f2a9c... --metric val/acc1 --baseline layernorm --out compare/norms
-  python cli.py compare --experiment norms --require_test   # fail unless every variant has >=2 paired seeds"""
+  python cli.py compare --experiment norms --require_test   # fail unless every variant has >=2 paired seeds
+  python cli.py compare --experiment norms --parity rmsnorm --equivalence_margin 0.01
+  python cli.py compare --experiment norms --plan --effect 0.02   # seeds needed to see a 0.02 difference"""
 
 
 def confidence_level(text: str) -> float:
@@ -64,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--experiment", metavar="NAME",
                        help="MLflow experiment: its most recently started sweep is reported")
     which.add_argument("--sweep", metavar="PARENT_RUN_ID", help="the run id of a sweep's parent run")
-    parser.add_argument("--metric", help="metric to compare (default: the sweep's own, from protocol.json)")
+    parser.add_argument("--metric", help="metric to compare (default: the sweep's report_metric from "
+                        "protocol.json, else the metric it tuned by)")
     parser.add_argument("--baseline", metavar="LABEL",
                         help="variant the others are compared with (default: the sweep's baseline)")
     parser.add_argument("--out", metavar="DIR", help="folder for report.md and the PNGs (default: "
@@ -77,7 +86,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--require_test", action="store_true",
                         help="fail unless every variant can be tested against the baseline (>=2 paired seeds); "
                              "without it, such variants get means only")
+    parser.add_argument("--mode", choices=stats.MODES,
+                        help="min: lower is better; max: higher is better (default: the sweep's protocol, else known "
+                             "metric names; required for a metric whose direction is unknown)")
+    parser.add_argument("--equivalence_margin", type=positive_number, metavar="M",
+                        help="test parity claims as equivalence within +-M of the baseline (two one-sided tests); "
+                             "default: the protocol's equivalence margin")
+    parser.add_argument("--parity", action="append", metavar="LABEL",
+                        help="a variant whose claim is parity with the baseline (repeatable; default: the "
+                             "protocol's); needs a margin")
+    parser.add_argument("--no_family", action="store_true",
+                        help="Holm over this sweep's comparisons only, even when its protocol names a family "
+                             "shared with other sweeps")
+    parser.add_argument("--plan", action="store_true",
+                        help="print, per comparison, the paired seeds needed to detect --effect at 80%% power and "
+                             "the family's alpha/m, and the MDE at today's seeds; writes no report")
+    parser.add_argument("--effect", type=positive_number, metavar="E",
+                        help="with --plan: the mean paired difference to detect, in the metric's units")
     return parser
+
+
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, like 0.01; got {text!r}")
+    return value
 
 
 def main(argv: list[str]) -> int:
@@ -94,10 +130,20 @@ def main(argv: list[str]) -> int:
 
 def compare(args: argparse.Namespace) -> int:
     """The command once its arguments are parsed: read, analyse, draw, write, publish."""
+    if args.plan and args.effect is None:
+        raise UserInputError("--plan needs --effect E: the mean paired difference to plan for, in the metric's "
+                             "units (like --effect 0.02 for a loss)")
+    if args.effect is not None and not args.plan:
+        raise UserInputError("--effect is read only with --plan; add --plan to print the seeds it needs")
     client = connect(resolve_tracking_uri(args.tracking_uri))
     parent = find_parent(client, experiment=args.experiment, sweep_run_id=args.sweep)
     sweep = load_sweep(client, parent, args.metric)
-    analysis = analyze(sweep, sweep.metric, args.baseline, args.confidence)
+    equivalence = parity_claims(args, sweep.protocol)
+    others = {} if args.no_family else family_tests(client, parent, sweep, args)
+    analysis = analyze(sweep, sweep.metric, args.baseline, args.confidence, args.mode, equivalence, others)
+    if args.plan:
+        sys.stdout.write(render_plan(analysis, args.effect))
+        return 0
     if args.require_test:
         require_tests(analysis)
     out = Path(args.out) if args.out else Path("compare") / sweep.sweep_id[:8]
@@ -110,6 +156,49 @@ def compare(args: argparse.Namespace) -> int:
     sys.stderr.write(f"wrote {out / REPORT_FILE} and {len(figures)} figures; logged to run {sweep.parent_id} "
                      f"under {protocol.REPORT_DIR}/\n")
     return 0
+
+
+def parity_claims(args: argparse.Namespace, spec: dict) -> tuple[float, list[str]] | None:
+    """(margin, parity labels) from the flags, each falling back on the protocol's ``equivalence``."""
+    declared = spec.get("equivalence") or {}
+    margin = args.equivalence_margin if args.equivalence_margin is not None else declared.get("margin")
+    labels = args.parity if args.parity else declared.get("variants")
+    if args.parity and margin is None:
+        raise UserInputError(f"--parity {' '.join(args.parity)}: an equivalence test needs a margin; pass "
+                             "--equivalence_margin M (the largest difference that still counts as parity)")
+    if args.equivalence_margin is not None and not labels:
+        raise UserInputError("--equivalence_margin: name the variants whose claim is parity with --parity LABEL "
+                             "(this sweep's protocol declares none)")
+    if margin is None:
+        return None
+    labels = [str(label) for label in labels]
+    known = {v["label"] for v in spec.get("variants", [])}
+    unknown = [label for label in labels if known and label not in known]
+    if unknown:
+        raise UserInputError(f"--parity {', '.join(unknown)}: not a variant of this sweep; pass one of "
+                             f"{', '.join(sorted(known))}")
+    return float(margin), labels
+
+
+def family_tests(client: MlflowClient, parent: Run, sweep: Sweep,
+                 args: argparse.Namespace) -> dict[str, tuple[list[float], list[float]]]:
+    """The tests of the other sweeps of this sweep's declared family (same experiment), each analysed with its own
+    protocol, so Holm runs over the whole family; empty when the protocol declares none."""
+    name, declared = family_name(sweep.protocol, sweep.sweep_id)
+    if not declared:
+        return {}
+    tests = {}
+    for other in family_parents(client, parent, name):
+        try:
+            member = load_sweep(client, other)
+            if member.sweep_id == sweep.sweep_id or member.sweep_id in tests:  # another parent of a sweep counted
+                continue
+            analysis = analyze(member, member.metric, None, args.confidence)  # its own protocol's parity claims
+        except UserInputError as exc:
+            raise UserInputError(f"sweep {other.info.run_id} of family {name!r} cannot be analysed ({exc}); finish "
+                                 "it, or pass --no_family for Holm over this sweep alone") from None
+        tests[member.sweep_id] = tested_p_values(analysis)
+    return tests
 
 
 def require_tests(analysis: Analysis) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 
 from lit.compare import stats
-from lit.compare.analysis import NEEDS_SEEDS, Analysis
+from lit.compare.analysis import ALL_TUNING_DIVERGED, NEEDS_PAIRS, NEEDS_SEEDS, Analysis, Comparison, VariantResult
 from lit.compare.plots import CURVES, DEPTH, FOREST
+from lit.compare.runs import DUPLICATE_RULE
 
 DASH = "—"
 DEFAULT_DECIMALS = 4  # when no spread is known (one seed)
@@ -29,7 +30,7 @@ def value_decimals(analysis: Analysis) -> int:
 def render(analysis: Analysis, figures: list[str]) -> str:
     """The whole report; ``figures`` are the file names ``plots.draw_all`` wrote beside it."""
     d = value_decimals(analysis)
-    sections = [_header(analysis), _variants(analysis, d), _against_baseline(analysis, d), _targets(analysis, d)]
+    sections = [_header(analysis), _variants(analysis, d), _against_baseline(analysis, d), _targets(analysis)]
     if analysis.depth is not None and DEPTH in figures:
         sections.append("## Depth profile\n\nRMS of the residual stream after each sublayer "
                         "(`diag/stream_rms/*`), mean over seeds, at the first and the last step the runs logged "
@@ -42,12 +43,35 @@ def render(analysis: Analysis, figures: list[str]) -> str:
     return "\n\n".join(sections) + "\n"
 
 
+def render_plan(analysis: Analysis, effect: float, power: float = stats.POWER) -> str:
+    """``--plan``: per comparison, the paired seeds that would detect a difference of ``effect`` with ``power`` at
+    the family's alpha / m, from the observed spread of its paired differences, and the MDE at today's n."""
+    d = value_decimals(analysis)
+    alpha = analysis.mde_alpha
+    lines = [f"# Plan for sweep `{analysis.sweep.sweep_id[:8]}`: {analysis.metric}, effect {effect:g}", "",
+             f"Seeds needed for a two-sided paired t-test to find a mean paired difference of {effect:g} with "
+             f"{power:.0%} power at α / m = {analysis.alpha:.2g} / {analysis.family.size} = {alpha:.3g} (Holm's "
+             "strictest step, so the plan holds at any step), using each comparison's observed std of paired "
+             "differences as the truth. A spread estimated from 3 seeds is itself uncertain: treat the answer as a "
+             "rough size, and leads picked as the largest of many as optimistic (they shrink on rerun).", ""]
+    header = ["variant", "paired seeds now", "std of paired differences", "MDE now (80%)", f"seeds for {effect:g}"]
+    rows = []
+    for c in analysis.comparisons:
+        s = c.paired.summary
+        sd = s.std if s is not None else None
+        needed = stats.seeds_needed(effect, sd, alpha, power)
+        rows.append([c.label, str(len(c.paired.seeds)), _number(sd, d), _number(c.mde, d),
+                     DASH if needed is None else str(needed)])
+    return "\n".join(lines) + _table(header, rows) + "\n"
+
+
 def _captions(a: Analysis) -> dict[str, tuple[str, str]]:
     """File name -> (alt text, caption) of the figures that are always drawn."""
     return {CURVES: ("validation curves", f"`{a.metric}` against steps, mean ± std over seeds; the second panel "
                                           "zooms in on the last quarter of training."),
             FOREST: ("forest plot", f"Final `{a.metric}` per variant with its {a.confidence:.0%} CI and seeds "
-                                    f"(left); paired differences to `{a.baseline}` with their CI (right).")}
+                                    f"(left); paired differences to `{a.baseline}` with their unadjusted CI "
+                                    "(right).")}
 
 
 def _header(a: Analysis) -> str:
@@ -70,12 +94,26 @@ def _header(a: Analysis) -> str:
         f"- Variants ({len(a.variants)}): {variants}.",
         f"- Seeds: {', '.join(str(s) for s in seeds)} ({len(seeds)} per variant); runs of two variants that "
         "share a seed are compared as a pair.",
-        f"- Metric: `{a.metric}`, {better} is better; each run counts with its value at its last logged step "
-        "(not its best one).",
+        f"- Metric: `{a.metric}`, {better} is better (from {a.mode_source}); {_metric_source(a)} Each run counts "
+        "with its value at its last logged step (not its best one).",
         f"- {_tuning(a)}",
-        f"- Counted: {len(sweep.runs)} FINISHED final runs{_left_out(a)}.",
+        f"- {_family(a)}",
+        f"- Counted: {_counted(a)}{_left_out(a)}.",
     ]
+    if sweep.duplicates:
+        pairs = ", ".join(f"{v}/seed {s} ×{n}" for v, s, n in sweep.duplicates)
+        lines.append(f"- Duplicate runs of one (variant, seed): {pairs}; rule applied: {DUPLICATE_RULE}.")
     return "\n".join(lines)
+
+
+def _metric_source(a: Analysis) -> str:
+    spec = a.protocol
+    if spec.get("report_metric"):
+        return (f"the sweep reports `{spec['report_metric']}` and tuned by `{spec.get('metric')}`."
+                if a.metric == spec["report_metric"] else
+                f"chosen with --metric (the sweep reports `{spec['report_metric']}`).")
+    return ("this sweep predates a separate report metric: the value reported is the one tuning picked by, on "
+            "the same data." if spec.get("tune") and a.metric == spec.get("metric") else "")
 
 
 def _tuning(a: Analysis) -> str:
@@ -84,12 +122,46 @@ def _tuning(a: Analysis) -> str:
         return "Tuning: none; every variant ran with the recipe's hyperparameters."
     values = tune.get("values") or []
     planned = len(values) * len(a.protocol.get("variants") or a.variants)
-    reuse = ("yes: the run of the picked value, seed " f"{tune.get('seed')}, counts as that seed's run"
-             if tune.get("reuse_seed_run") else "no: every seed run was trained anew")
     return (f"Tuning: `{tune.get('key')}` over {', '.join(str(v) for v in values)} per variant, "
-            f"{tune.get('steps') or 'full'} steps at seed {tune.get('seed')}, picked by: {tune.get('rule', '?')}. "
+            f"{tune.get('steps') or 'full'} steps at seed {tune.get('seed')}. "
             f"Budget: {len(values)} runs per variant, {planned} planned, {a.sweep.tune_runs} found. "
-            f"Seed run reused: {reuse}.")
+            f"Rule: {_tuning_rule(a, tune)}")
+
+
+def _tuning_rule(a: Analysis, tune: dict) -> str:
+    rule = tune.get("rule")
+    seeds = [str(s) for s in a.protocol.get("seeds") or []]
+    if rule == "separate_seed":
+        return (f"separate seed: tuning ran on seed {tune.get('seed')}, outside the evaluation seeds, and no "
+                "tuning run is counted.")
+    if rule == "reuse_seed_run" or tune.get("reuse_seed_run"):
+        return (f"reuse (`{rule or 'reuse_seed_run'}`{'' if rule else ', read from an older protocol'}): the run "
+                f"of the picked value, seed {tune.get('seed')}, counts as that seed's result, which biases each "
+                "variant's mean toward its luckiest value.")
+    on_seed = str(tune.get("seed")) in seeds
+    return ("reuse (this sweep predates the tuning rule; its protocol says " + repr(rule) + "): "
+            + (f"tuned on evaluation seed {tune.get('seed')}, whose seed runs were trained anew but share the "
+               "data order tuning saw." if on_seed else "tuned on a seed outside the evaluation seeds.")
+            if rule else "not recorded (an older protocol).")
+
+
+def _family(a: Analysis) -> str:
+    f = a.family
+    where = (f"family `{f.name}`, declared in the protocol" if f.declared
+             else "this sweep's own family (the protocol declares none)")
+    sweeps = f" over {len(f.sweeps)} sweeps ({', '.join(s[:8] for s in f.sweeps)})" if len(f.sweeps) > 1 else ""
+    return (f"Multiple comparisons: {where}{sweeps}; Holm over its {f.size} tested comparisons decides the "
+            "verdicts, BH q-values are shown beside them for screening.")
+
+
+def _counted(a: Analysis) -> str:
+    finished = int((a.sweep.runs["outcome"] == "finished").sum())
+    diverged = int((a.sweep.runs["outcome"] == "diverged").sum())
+    text = f"{finished} FINISHED final runs"
+    if diverged:
+        by_variant = ", ".join(f"{v.label} {len(v.diverged)}" for v in a.variants if v.diverged)
+        text += f" and {diverged} diverged ({by_variant})"
+    return text
 
 
 def _left_out(a: Analysis) -> str:
@@ -105,27 +177,56 @@ def _variants(a: Analysis, d: int) -> str:
     confidence = f"{a.confidence:.0%} CI"
     tuned = f"tuned `{a.protocol['tune'].get('key')}`" if a.protocol.get("tune") else "tuned"
     spikes = any(v.spike_count is not None for v in a.variants)
-    header = ["variant", "seeds", "mean ± std", confidence, tuned, "parameters", "throughput vs baseline"]
+    header = ["variant", "seeds", "per seed", "mean ± std", confidence, tuned, "parameters", "throughput vs baseline"]
     header += ["spikes (final, mean)"] if spikes else []
     rows, at_edge = [], []
     for v in a.variants:
         name = f"{v.label} (baseline)" if v.label == a.baseline else v.label
         if _at_grid_edge(a, v.tuned):
             at_edge.append(v.label)
+        per_seed = _per_seed(v, d)
         if v.summary is None:
-            rows.append([name, "0", DASH, DASH, v.tuned or DASH, DASH, DASH] + ([DASH] if spikes else []))
+            seeds = (f"0 ({ALL_TUNING_DIVERGED}: {v.tuning_diverged[0]} of {v.tuning_diverged[1]})"
+                     if v.diverged_at_every_tuning_value else _seed_count(v))
+            rows.append([name, seeds, per_seed, DASH, DASH, v.tuned or DASH, DASH, DASH] + ([DASH] if spikes else []))
             continue
         s = v.summary
         spread = f"{s.mean:.{d}f} ± {s.std:.{d}f}" if s.std is not None else f"{s.mean:.{d}f}"
-        row = [name, str(s.n), spread, _interval(s.interval, d) if s.interval else NEEDS_SEEDS, v.tuned or DASH,
-               _count(v.parameters), _ratio(v.relative_throughput)]
+        row = [name, _seed_count(v), per_seed, spread, _interval(s.interval, d) if s.interval else NEEDS_SEEDS,
+               v.tuned or DASH, _count(v.parameters), _ratio(v.relative_throughput)]
         rows.append(row + ([_number(v.spike_count, 2)] if spikes else []))
-    edge = ""
+    notes = []
+    if a.bounded:
+        notes.append(f"`{a.metric}` is a proportion: its {confidence} is a t interval on the logit scale mapped "
+                     "back (it cannot leave [0, 1]; seeds at exactly 0 or 1 are moved 1e-4 inside). A seed marked "
+                     "*collapsed* ended closer to the worst value than half the baseline's median seed: a run that "
+                     "stopped learning, counted as an outcome of its own and kept in the tests.")
+    if any(v.diverged for v in a.variants):
+        notes.append("A *diverged* seed's loss went non-finite (step shown); it has no final value, so it is left "
+                     "out of the mean and the t-test, and enters the sign-flip test as the worst outcome.")
     if at_edge:
-        edge = (f"\n\n**At the edge of the tuning grid:** {', '.join(at_edge)} picked the smallest or largest value "
-                "tried; its best value may lie outside the grid, so its result is a bound, not its optimum. Widen "
-                "the grid on that side and rerun the sweep to settle it.")
-    return "## Variants\n\n" + _table(header, rows) + edge
+        notes.append(f"**At the edge of the tuning grid:** {', '.join(at_edge)} picked the smallest or largest value "
+                     "tried; its best value may lie outside the grid, so its result is a bound, not its optimum. "
+                     "Widen the grid on that side and rerun the sweep to settle it.")
+    return "## Variants\n\n" + _table(header, rows) + "".join(f"\n\n{n}" for n in notes)
+
+
+def _seed_count(v: VariantResult) -> str:
+    finished = len(v.values)
+    parts = [f"{finished}"]
+    if v.diverged:
+        parts.append(f"+ {len(v.diverged)} diverged")
+    if v.collapsed:
+        parts.append(f"({len(v.collapsed)} collapsed)")
+    return " ".join(parts)
+
+
+def _per_seed(v: VariantResult, d: int) -> str:
+    cells = {seed: f"{value:.{d}f}" + (" collapsed" if seed in v.collapsed else "")
+             for seed, value in v.values.items()}
+    for seed, step in v.diverged.items():
+        cells[seed] = "diverged" + (f" at {step}" if step is not None else "")
+    return "; ".join(f"{seed}: {cells[seed]}" for seed in sorted(cells, key=stats.seed_order)) or DASH
 
 
 def _at_grid_edge(a: Analysis, tuned: str | None) -> bool:
@@ -143,55 +244,94 @@ def _against_baseline(a: Analysis, d: int) -> str:
     title = f"## Against the baseline `{a.baseline}`"
     if not a.comparisons:
         return f"{title}\n\nNo other variant has a counted run: nothing to compare."
-    confidence = f"{a.confidence:.0%} CI"
-    tested = sum(c.p_adjusted is not None for c in a.comparisons)
     better = (f"{'Lower' if a.mode == 'min' else 'Higher'} `{a.metric}` is better, so a "
               f"{'negative' if a.mode == 'min' else 'positive'} difference favours the variant.")
-    if tested:
-        method = (f"Per-seed differences (variant − baseline), runs paired by their seed; a two-sided paired t-test "
-                  f"(`scipy.stats.ttest_rel`), its p-values Holm-adjusted over the {tested} tested comparisons of "
-                  f"this report; a verdict needs an adjusted p below {a.alpha:.2g}. The {confidence} of the mean "
-                  f"difference uses Student's t. {better}")
-    else:
-        method = ("Per-seed differences (variant − baseline), runs paired by their seed. No variant has ≥2 seeds in "
-                  "common with the baseline, so no paired t-test was run and no p-value is given: a single "
-                  f"difference carries no estimate of the noise it would have to beat. {better}")
-    header = ["variant", "paired seeds", "mean difference", confidence, "p (paired t)", "p (Holm)", "verdict"]
+    m = a.family.size
+    method = (
+        f"Per-seed differences (variant − baseline), runs paired by their seed. Two tests: the paired t-test (a "
+        "one-sample t on the differences, as `scipy.stats.ttest_rel`) and an exact sign-flip test on the signed "
+        "ranks (every one of the 2^n sign patterns; no normality needed; its smallest possible p is 2/2^n). A "
+        "verdict rests on the t-test when every paired seed finished on both sides and the differences spread, "
+        "else on the sign-flip test (column *test*): a diverged seed enters it as the worst outcome, and equal "
+        "differences, for which t is undefined, get its exact p. "
+        f"p (Holm) is Holm-adjusted over the {m} tested comparisons of the family; a verdict needs it below "
+        f"{a.alpha:.2g}. q (BH) is the Benjamini-Hochberg q over the same family, a screening column: it decides "
+        "nothing. The CI (Holm) of each t-tested comparison is drawn at the per-comparison level Holm used for it "
+        "(shown): α/(m − rank) while Holm rejects, then the level where it stopped, so it excludes 0 exactly when "
+        f"the verdict says different. MDE: the smallest mean paired difference this design finds with 80% power "
+        f"at α/m = {a.mde_alpha:.3g} (Holm's strictest step), from the observed std of the paired differences and "
+        f"the number of pairs (noncentral t). {better}")
+    parity = a.equivalence_margin is not None and any(c.equivalence for c in a.comparisons)
+    if parity:
+        method += (f" Parity claims are tested as equivalence: two one-sided t-tests against ±{a.equivalence_margin:g}"
+                   " (p (TOST), Holm over the family's parity claims); verdicts: equivalent within ±margin, "
+                   "different (the difference test), or not shown equivalent.")
+    header = ["variant", "paired seeds", "per-seed difference", "mean difference", "CI (Holm)", "p (paired t)",
+              "p (sign-flip)", "test", "p (Holm)", "q (BH)", "MDE (80%)"]
+    header += ["p (TOST)"] if parity else []
+    header += ["verdict"]
     rows = []
     for c in a.comparisons:
         s = c.paired.summary
-        rows.append([c.label, str(len(c.paired.seeds)), DASH if s is None else f"{s.mean:+.{d}f}",
-                     _interval(s.interval, d, signed=True) if s and s.interval else NEEDS_SEEDS,
-                     _p(c.paired.p_value), _p(c.p_adjusted), c.verdict])
-    return "\n\n".join([title, method, _table(header, rows), _noise_floor(a, d)])
+        pairs = str(len(c.outcomes)) + (f" ({len(c.excluded)} diverged: not in t)" if c.excluded else "")
+        row = [c.label, pairs, _differences(c, d, a.mode), DASH if s is None else f"{s.mean:+.{d}f}",
+               _holm_interval(c, d),
+               "undefined (zero spread)" if c.paired.zero_spread else _p(c.paired.p_value), _p(c.p_sign_flip),
+               c.test or DASH, _p(c.p_adjusted), _p(c.q_value), _number(c.mde, d)]
+        row += [_p(c.equivalence.p_value) if c.equivalence else DASH] if parity else []
+        rows.append(row + [c.verdict])
+    return "\n\n".join([title, method, _table(header, rows), _detectable(a, d)])
 
 
-def _noise_floor(a: Analysis, d: int) -> str:
-    if a.baseline_std is None:
-        return f"**Noise floor:** unknown; it {NEEDS_SEEDS} (the baseline has one seed)."
-    line = f"**Noise floor:** the baseline's seeds have a std of {a.baseline_std:.{d}f}"
-    if a.median_half_width is None:
-        return line + f"; a paired difference {NEEDS_SEEDS} in common with the baseline."
-    return (line + f"; the {a.confidence:.0%} CI of a paired difference has a half-width of "
-            f"{a.median_half_width:.{d}f} (median over variants): the smallest effect this sweep could have "
-            "detected. More seeds narrow it (about as 1/√n).")
+def _differences(c: Comparison, d: int, mode: str) -> str:
+    def cell(seed: str, x: float) -> str:
+        if math.isinf(x):
+            return "variant diverged" if stats.improvement(x, mode) < 0 else "baseline diverged"
+        return "both diverged" if seed in c.excluded else f"{x:+.{d}f}"
+
+    return "; ".join(f"{seed}: {cell(seed, x)}" for seed, x in c.outcomes.items()) or DASH
 
 
-def _targets(a: Analysis, d: int) -> str:
+def _holm_interval(c: Comparison, d: int) -> str:
+    if c.interval is None:
+        return DASH if c.test != "sign-flip" else "— (sign-flip verdict)"
+    return f"{_interval(c.interval, d, signed=True)} at {1 - c.level:.2%}"
+
+
+def _detectable(a: Analysis, d: int) -> str:
+    mdes = [c.mde for c in a.comparisons if c.mde is not None]
+    if not mdes:
+        return (f"**Minimum detectable effect:** unknown; it {NEEDS_PAIRS} (no variant has 2 finished seeds in "
+                "common with the baseline).")
+    return (f"**Minimum detectable effect:** {min(mdes):.{d}f} to {max(mdes):.{d}f} (per comparison in the table): "
+            f"a true mean difference smaller than a row's MDE is missed more than 20% of the time at α/m = "
+            f"{a.mde_alpha:.3g}, so *not distinguishable* there says nothing about effects below it. It shrinks with "
+            "more seeds faster than 1/√n at small n (the t quantile falls too); `compare --plan --effect E` gives "
+            "the seeds a given effect needs.")
+
+
+def _targets(a: Analysis) -> str:
     unit = _unit(a)
     tokens = any(t.tokens is not None for t in a.targets)
-    intro = (f"## Steps to the baseline's final {a.metric} ({a.target:.{d}f})\n\n"
-             "From each variant's mean curve over seeds (the validation steps every seed logged), linearly "
-             f"interpolated between validation points; speedup = the baseline's final step "
-             f"({a.baseline_final_step:g}) / that step."
-             + (f" {unit.capitalize()} = steps × `train/items_per_step`." if tokens else ""))
-    header = ["variant", "step"] + ([unit] if tokens else []) + ["speedup"]
+    intro = (f"## Steps to the baseline's final {a.metric}\n\n"
+             "Per seed: the target is the baseline seed's own final value; a run *reaches* it where its raw curve of "
+             "the metric first gets to a value at or better than the target, linearly interpolated between the two "
+             "logged points around that first crossing (no best-so-far smoothing: the first crossing counts). "
+             "Speedup = the baseline seed's step / the variant's step at that seed, so the "
+             f"baseline is 1.00 by construction; the geometric mean over seeds with a {a.confidence:.0%} t interval "
+             "of the mean log speedup, over the seeds where both reached it (a seed not reached is listed, not "
+             "counted, so with one the interval is optimistic)."
+             + (f" {unit.capitalize()} = the median step reached × `train/items_per_step`." if tokens else ""))
+    header = ["variant", "reached", "per-seed speedup", "speedup", f"{a.confidence:.0%} CI"]
+    header += [unit] if tokens else []
     rows = []
     for t in a.targets:
-        if t.step is None:
-            rows.append([t.label, "not reached"] + ([DASH] if tokens else []) + [DASH])
-        else:
-            rows.append([t.label, f"{t.step:.0f}"] + ([_count(t.tokens)] if tokens else []) + [_ratio(t.speedup)])
+        per_seed = "; ".join(f"{seed}: " + (_ratio(t.ratios[seed]) if seed in t.ratios else
+                                            "not reached" if step is None else "at first point")
+                             for seed, step in t.steps.items()) or DASH
+        interval = DASH if t.interval is None else f"[{t.interval[0]:.2f}, {t.interval[1]:.2f}]"
+        row = [t.label, f"{t.reached} of {t.seeds}", per_seed, _ratio(t.geometric_mean), interval]
+        rows.append(row + ([_count(t.tokens)] if tokens else []))
     return intro + "\n\n" + _table(header, rows)
 
 

@@ -20,6 +20,8 @@ import pandas as pd
 from lit.errors import UserInputError
 from lit.sweep import protocol
 from lit.sweep.store import search_all_runs
+from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
+from lit.tracking.names import STREAM_RMS_PREFIX
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -27,11 +29,10 @@ if TYPE_CHECKING:
 
 LISTED = 10  # names shown in an error that lists what exists
 DEFAULT_METRIC = "val/loss"  # for a protocol that does not name its metric
-RUN_COLUMNS = ("run_id", "variant", "seed", "seed_index", "tune_value", "start_time")
+RUN_COLUMNS = ("run_id", "variant", "seed", "seed_index", "tune_value", "start_time", "outcome", "diverged_step")
+TUNE_COLUMNS = ("variant", "tune_value", "status", "outcome")
+DUPLICATE_RULE = "the latest-started run counts (FINISHED or diverged); the others are left out"
 HISTORY_COLUMNS = ("run_id", "key", "step", "timestamp", "value")
-# Diagnostics the report shows (issue 12); other diag/* metrics (per-layer norms, ...) are not read.
-STREAM_RMS_PREFIX = "diag/stream_rms/"
-SPIKE_METRIC = "diag/spike_count"
 SYSTEM_PREFIX = "system/"
 PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
@@ -40,8 +41,9 @@ PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 class Sweep:
     """What ``compare`` knows about a sweep: all of it comes from the tracking store.
 
-    ``runs`` has one row per counted seed run (FINISHED, tagged final; the newest one when a (variant, seed)
-    was run twice), ``history`` the metric histories of those runs in long format.
+    ``runs`` has one row per counted seed run (tagged final, FINISHED or diverged; the newest one when a
+    (variant, seed) was run twice), its ``outcome`` "finished" or "diverged"; ``history`` the metric histories
+    of the finished ones in long format. A diverged run is an outcome of the comparison, not a missing run.
     """
 
     parent_id: str
@@ -52,8 +54,10 @@ class Sweep:
     history: pd.DataFrame
     logged: tuple[str, ...]  # every metric key some counted run logged (system metrics aside)
     left_out: dict[str, int]  # MLflow status -> final runs not FINISHED, hence not counted
-    replaced: int  # FINISHED final runs of a (variant, seed) that a newer FINISHED run superseded
+    replaced: int  # counted final runs of a (variant, seed) that a newer counted run superseded
     tune_runs: int  # tuning-phase child runs found, whatever their status
+    duplicates: tuple[tuple[str, str, int], ...] = ()  # (variant, seed, runs found) where more than one counted
+    tuning: pd.DataFrame | None = None  # one row per tuning run: variant, tune_value, status, outcome
 
     @property
     def sweep_id(self) -> str:
@@ -88,6 +92,22 @@ def find_parent(client: MlflowClient, experiment: str | None = None, sweep_run_i
         raise UserInputError(f"experiment {experiment!r} has no sweep parent run (tag {protocol.ROLE} = parent); "
                              "launch a sweep with `python cli.py sweep`, or pass --sweep PARENT_RUN_ID")
     return parents[0]
+
+
+def family_parents(client: MlflowClient, parent: Run, family: str) -> list[Run]:
+    """The other sweep parents of ``parent``'s experiment whose protocol declares the same family."""
+    parents = search_all_runs(client, parent.info.experiment_id, f"tags.`{protocol.ROLE}` = '{protocol.PARENT}'")
+    members = []
+    for other in parents:
+        if other.info.run_id == parent.info.run_id:
+            continue
+        try:
+            spec = read_protocol(client, other)
+        except UserInputError:  # a sweep that never got as far as writing its protocol has nothing to add
+            continue
+        if spec.get("family") == family:
+            members.append(other)
+    return members
 
 
 def _named_parent(client: MlflowClient, run_id: str) -> Run:
@@ -142,25 +162,29 @@ def _no_progress_bar() -> Iterator[None]:
 
 def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) -> Sweep:
     """The sweep of ``parent``, with the histories of what the report shows for ``metric_of``
-    (default: the protocol's metric). Raises ``UserInputError`` when nothing can be reported."""
+    (default: the protocol's ``report_metric``, else, in a sweep written before it, its tuning ``metric``).
+    Raises ``UserInputError`` when nothing can be reported."""
     spec = read_protocol(client, parent)
-    metric = metric_of or spec.get("metric") or DEFAULT_METRIC
+    metric = metric_of or spec.get("report_metric") or spec.get("metric") or DEFAULT_METRIC
     children = search_all_runs(client, parent.info.experiment_id,
                                f"tags.`{protocol.PARENT_RUN}` = '{parent.info.run_id}'")
     final = [r for r in children if protocol.is_true(r.data.tags.get(protocol.FINAL))]
     finished = [r for r in final if r.info.status == "FINISHED"]
+    counted = [r for r in final if r.info.status == "FINISHED" or is_diverged(r)]
     left_out: dict[str, int] = {}
     for run in final:
-        if run.info.status != "FINISHED":
+        if run.info.status != "FINISHED" and not is_diverged(run):
             left_out[run.info.status] = left_out.get(run.info.status, 0) + 1
     if not finished:
         found = f"{len(final)} final child runs, none FINISHED ({_counts(left_out)})" if final else \
             f"{len(children)} child runs, none tagged {protocol.FINAL} = true"
         raise UserInputError(f"sweep {parent.info.run_id} has no FINISHED final child runs ({found}); let the "
                              "sweep finish, or re-run it (`cli.py sweep` skips the runs already FINISHED)")
-    runs = _runs_table(finished)
+    runs = _runs_table(counted)
     kept = runs.drop_duplicates(["variant", "seed"], keep="last")
-    kept_ids = set(kept.run_id)
+    sizes = runs.groupby(["variant", "seed"]).size()
+    duplicates = tuple((str(v), str(s), int(n)) for (v, s), n in sizes.items() if n > 1)
+    kept_ids = set(kept[kept["outcome"] == protocol.FINISHED_OUTCOME].run_id)
     logged = sorted({k for r in finished if r.info.run_id in kept_ids for k in r.data.metrics
                      if not k.startswith(SYSTEM_PREFIX)})
     if metric not in logged:
@@ -171,7 +195,20 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
     return Sweep(parent_id=parent.info.run_id, experiment=_experiment_name(client, parent), protocol=spec,
                  metric=metric, runs=kept.reset_index(drop=True), history=read_histories(client, keys_by_run),
                  logged=tuple(logged), left_out=left_out, replaced=len(runs) - len(kept),
-                 tune_runs=sum(r.data.tags.get(protocol.PHASE) == protocol.TUNE_PHASE for r in children))
+                 tune_runs=sum(r.data.tags.get(protocol.PHASE) == protocol.TUNE_PHASE for r in children),
+                 duplicates=duplicates, tuning=_tuning_table(children))
+
+
+def is_diverged(run: Run) -> bool:
+    """A run that ended because its loss went non-finite: FAILED and tagged so (any other FAILED run crashed)."""
+    return run.info.status == "FAILED" and run.data.tags.get(protocol.OUTCOME) == protocol.DIVERGED_OUTCOME
+
+
+def _tuning_table(children: list[Run]) -> pd.DataFrame:
+    rows = [(r.data.tags.get(protocol.VARIANT, "?"), r.data.tags.get(protocol.TUNE_VALUE), r.info.status,
+             protocol.DIVERGED_OUTCOME if is_diverged(r) else r.data.tags.get(protocol.OUTCOME))
+            for r in children if r.data.tags.get(protocol.PHASE) == protocol.TUNE_PHASE]
+    return pd.DataFrame(rows, columns=list(TUNE_COLUMNS))
 
 
 def is_supporting_metric(key: str) -> bool:
@@ -198,9 +235,10 @@ def _runs_table(runs: list[Run]) -> pd.DataFrame:
     rows = []
     for run in runs:
         tags = run.data.tags
+        outcome = protocol.DIVERGED_OUTCOME if is_diverged(run) else protocol.FINISHED_OUTCOME
         rows.append((run.info.run_id, tags.get(protocol.VARIANT, "?"), tags.get(protocol.SEED, "?"),
                      _int_or_none(tags.get(protocol.SEED_INDEX)), tags.get(protocol.TUNE_VALUE),
-                     run.info.start_time or 0))
+                     run.info.start_time or 0, outcome, _int_or_none(tags.get(protocol.DIVERGED_STEP))))
     return pd.DataFrame(rows, columns=list(RUN_COLUMNS)).sort_values("start_time", kind="stable")
 
 

@@ -1,29 +1,36 @@
-"""The statistics of a comparison: t intervals, paired t-tests with Holm's adjustment, and reading curves.
+"""The statistics of a comparison: t intervals, paired tests with Holm's adjustment, equivalence, power, curves.
 
-A sweep has a handful of seeds (3-5), so every interval uses Student's t with n-1 degrees of freedom
-(``scipy.stats.t``), never a normal approximation that would be too narrow at n=3. Runs of two variants
-that share a seed share their data order and initialisation noise, so they are compared as pairs
-(``scipy.stats.ttest_rel``): the seed-to-seed noise cancels, which is what makes small effects visible.
+A sweep has a handful of seeds (3-8), so every interval uses Student's t with n-1 degrees of freedom
+(``scipy.stats.t``), never a normal approximation that would be too narrow at n=3. Runs of two variants that share
+a seed share their data order, so they are compared as pairs (a one-sample t on the per-seed differences, the
+same as ``scipy.stats.ttest_rel``). Beside it, an exact sign-flip test that needs no normality and can take a
+diverged run as the worst outcome.
+
+The multiple-comparison functions take a matrix (one row per family) so that the calibration by simulation runs
+the very code the report runs, vectorised.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import optimize, stats
 
 MODES = ("min", "max")
 BETTER, WORSE, UNRESOLVED = "better", "worse", "not distinguishable at this noise"
+POWER = 0.8  # of the minimum detectable effect and of a plan
+EXACT_SIGN_FLIP_MAX = 16  # pairs enumerated exactly (2^16 patterns); beyond, a Monte-Carlo estimate
+MONTE_CARLO_FLIPS = 65_536
+BOUNDED_CLIP = 1e-4  # a seed at exactly 0 or 1 is taken this far inside before the logit
 
 
 @dataclass(frozen=True)
 class Summary:
-    """Mean of n values, with the sample std (ddof=1) and a t interval of the mean when n >= 2."""
+    """Mean of n values, with the sample std (ddof=1) and an interval of the mean when n >= 2."""
 
     n: int
     mean: float
@@ -37,13 +44,16 @@ class Summary:
 
 @dataclass(frozen=True)
 class Paired:
-    """Variant minus baseline over the seeds both have: the mean difference, its interval and the
-    two-sided paired t-test (no interval and no p-value below 2 pairs: one pair has no noise estimate)."""
+    """Variant minus baseline over the seeds both finished: the mean difference, its (unadjusted) interval and the
+    two-sided paired t-test. ``p_value`` is None below 2 pairs (one pair has no noise estimate) and when every
+    difference is the same (zero spread: t is undefined, ``zero_spread`` says so; the sign-flip test still has its
+    exact p)."""
 
     seeds: tuple[str, ...]
     differences: tuple[float, ...]
     summary: Summary | None
     p_value: float | None
+    zero_spread: bool = False
 
 
 def summarize(values: Sequence[float], confidence: float) -> Summary:
@@ -59,6 +69,25 @@ def summarize(values: Sequence[float], confidence: float) -> Summary:
                                                           confidence))
 
 
+def summarize_bounded(values: Sequence[float], confidence: float) -> Summary:
+    """Like ``summarize`` for a metric that lives in [0, 1] (an accuracy): the mean and std as measured, but the
+    interval is a t interval on the logit scale mapped back, so it cannot leave (0, 1). A t interval on the raw
+    scale puts a collapsed seed's spread symmetrically around the mean and crosses 100%. Seeds at exactly 0 or 1
+    are taken ``BOUNDED_CLIP`` inside first."""
+    plain = summarize(values, confidence)
+    if plain.n < 2:
+        return plain
+    clipped = np.clip(np.asarray(values, dtype=float), BOUNDED_CLIP, 1 - BOUNDED_CLIP)
+    logits = np.log(clipped / (1 - clipped))
+    scale = summarize(logits, confidence)
+    low, high = scale.interval
+    return Summary(plain.n, plain.mean, plain.std, (float(_expit(low)), float(_expit(high))))
+
+
+def _expit(x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+
+
 def t_interval(center: float, standard_error: float, dof: int, confidence: float) -> tuple[float, float]:
     """The two-sided ``confidence`` interval ``center ± t_{dof} * standard_error``."""
     if standard_error == 0:  # identical values: scipy would answer nan for a zero scale
@@ -70,33 +99,180 @@ def t_interval(center: float, standard_error: float, dof: int, confidence: float
 def paired_difference(variant: Mapping[str, float], baseline: Mapping[str, float], confidence: float) -> Paired:
     """Variant - baseline, pairing values by seed (the keys); seeds only one side has are left out."""
     seeds = tuple(sorted(set(variant) & set(baseline), key=seed_order))
-    ours = np.array([variant[s] for s in seeds], dtype=float)
-    theirs = np.array([baseline[s] for s in seeds], dtype=float)
-    differences = ours - theirs
+    differences = np.array([variant[s] - baseline[s] for s in seeds], dtype=float)
     if not seeds:
         return Paired(seeds, (), None, None)
-    p_value = None
+    p_value, zero_spread = None, False
     if len(seeds) >= 2:
-        if np.all(differences == 0):
-            p_value = 1.0  # no difference at all: scipy's 0/0 would be nan
-        else:
-            with warnings.catch_warnings():  # constant nonzero differences: t is infinite, p is 0 (fine)
-                warnings.simplefilter("ignore", RuntimeWarning)
-                p_value = float(stats.ttest_rel(ours, theirs).pvalue)
-    return Paired(seeds, tuple(float(d) for d in differences), summarize(differences, confidence), p_value)
+        p = float(paired_t_p(differences[None, :])[0])
+        zero_spread = math.isnan(p)
+        p_value = None if zero_spread else p
+    return Paired(seeds, tuple(float(d) for d in differences), summarize(differences, confidence), p_value,
+                  zero_spread)
+
+
+def paired_t_p(differences: np.ndarray) -> np.ndarray:
+    """Two-sided p of the one-sample t-test of each row's mean against 0 (the paired t-test). A row whose values
+    are all equal has zero spread: t is undefined (0/0 or x/0) and its p is NaN, never 0 or 1."""
+    n = differences.shape[-1]
+    mean = differences.mean(axis=-1)
+    std = differences.std(axis=-1, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = mean / (std / math.sqrt(n))
+    p = 2 * stats.t.sf(np.abs(t), n - 1)
+    return np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), p, np.nan)
+
+
+def sign_flip_p(differences: Sequence[float]) -> float | None:
+    """The exact two-sided sign-flip (permutation) test of the paired differences, on their signed ranks (the
+    Wilcoxon signed-rank statistic): under "no effect" each difference is as likely positive as negative, so the
+    p-value is the share of the 2^n sign patterns whose |sum of signed ranks| is at least the observed one.
+    Ranks make it exact whatever the distribution and let a diverged run enter as an infinite difference (the
+    largest rank); ties get mid-ranks, and a zero difference (both runs equal, or both diverged) adds nothing.
+    Its smallest possible p is 2 / 2^n (0.25 at 3 seeds). None without a pair."""
+    d = np.asarray(differences, dtype=float)
+    if d.size == 0:
+        return None
+    return float(sign_flip_p_matrix(d[None, :])[0])
+
+
+def signed_rank_sum(differences: Sequence[float]) -> float:
+    """The statistic of ``sign_flip_p``: its sign tells which way the outcomes lean."""
+    d = np.nan_to_num(np.asarray(differences, dtype=float), nan=0.0)
+    return float((np.sign(d) * stats.rankdata(np.abs(d))).sum()) if d.size else 0.0
+
+
+def sign_flip_p_matrix(differences: np.ndarray) -> np.ndarray:
+    """``sign_flip_p`` of each row (rows of equal length), vectorised over rows."""
+    d = np.nan_to_num(np.asarray(differences, dtype=float), nan=0.0)
+    n = d.shape[1]
+    ranks = stats.rankdata(np.abs(d), axis=1)
+    signed = np.sign(d) * ranks
+    observed = np.abs(signed.sum(axis=1))
+    if n <= EXACT_SIGN_FLIP_MAX:
+        patterns = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+        extra = 0
+    else:
+        patterns = np.random.default_rng(0).choice([-1, 1], size=(MONTE_CARLO_FLIPS, n))
+        extra = 1  # the observed pattern counts once: (b + 1) / (B + 1), a valid Monte-Carlo p
+    flipped = np.abs(signed @ patterns.T)
+    at_least = (flipped >= observed[:, None] - 1e-9).sum(axis=1)
+    return (at_least + extra) / (patterns.shape[0] + extra)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment: controls the chance of any false "better"/"worse" over all comparisons
-    of a report (a sweep of 8 variants at p < 0.05 would otherwise call one in three noise a finding), and
-    is never less powerful than Bonferroni. The adjusted p-values come back in the order given."""
-    m = len(p_values)
-    adjusted = [0.0] * m
-    running = 0.0
-    for rank, index in enumerate(sorted(range(m), key=lambda i: p_values[i])):
-        running = max(running, min(1.0, (m - rank) * p_values[index]))  # monotone: a smaller p never adjusts higher
-        adjusted[index] = running
+    """Holm's step-down adjustment: controls the chance of any false "better"/"worse" over the comparisons of a
+    family (8 variants at p < 0.05 would otherwise call one in three noise a finding), and is never less powerful
+    than Bonferroni. The adjusted p-values come back in the order given. A NaN p (a test that could not be
+    computed) counts as 1, wherever it sits: it takes a place in the family and rejects nothing."""
+    if len(p_values) == 0:
+        return []
+    return [float(p) for p in holm_matrix(np.asarray(p_values, dtype=float)[None, :])[0]]
+
+
+def holm_matrix(p: np.ndarray) -> np.ndarray:
+    """``holm`` of each row."""
+    p = np.where(np.isnan(p), 1.0, p)
+    m = p.shape[1]
+    order = np.argsort(p, axis=1, kind="stable")
+    ranked = np.take_along_axis(p, order, axis=1)
+    stepped = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * ranked), axis=1)
+    adjusted = np.empty_like(stepped)
+    np.put_along_axis(adjusted, order, stepped, axis=1)
     return adjusted
+
+
+def holm_levels(p_values: Sequence[float], alpha: float) -> list[float]:
+    """The per-comparison level each comparison's interval is drawn at so that it excludes 0 exactly when Holm
+    rejects it: alpha / (m - rank) for the comparisons Holm rejects, in the order it tests them; once Holm stops at
+    a comparison, that comparison's level alpha / (m - rank) for it and every later (larger p) one. A t interval
+    at level a excludes 0 exactly when the t-test's p < a, so the rejected ones exclude 0 and the others, whose p
+    is at least the first unrejected p, include it. Each interval covers at its own level; all of them at once
+    cover with probability >= 1 - alpha only at the Bonferroni level alpha / m (the first step's)."""
+    p = np.where(np.isnan(np.asarray(p_values, dtype=float)), 1.0, np.asarray(p_values, dtype=float))
+    m = len(p)
+    levels = [0.0] * m
+    stopped = None
+    for rank, index in enumerate(np.argsort(p, kind="stable")):
+        level = alpha / (m - rank) if stopped is None else stopped
+        if stopped is None and p[index] >= level:
+            stopped = level
+        levels[int(index)] = level
+    return levels
+
+
+def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg q-values: a screening column that controls the expected share of false findings among
+    those called, not the chance of any; NaN counts as 1, as in ``holm``."""
+    if len(p_values) == 0:
+        return []
+    return [float(q) for q in bh_matrix(np.asarray(p_values, dtype=float)[None, :])[0]]
+
+
+def bh_matrix(p: np.ndarray) -> np.ndarray:
+    p = np.where(np.isnan(p), 1.0, p)
+    m = p.shape[1]
+    order = np.argsort(p, axis=1, kind="stable")
+    ranked = np.take_along_axis(p, order, axis=1)
+    scaled = ranked * m / np.arange(1, m + 1)
+    stepped = np.minimum(1.0, np.minimum.accumulate(scaled[:, ::-1], axis=1)[:, ::-1])
+    adjusted = np.empty_like(stepped)
+    np.put_along_axis(adjusted, order, stepped, axis=1)
+    return adjusted
+
+
+def tost_p(differences: np.ndarray, margin: float) -> np.ndarray:
+    """Two one-sided t-tests of each row: p of "the mean difference lies inside (-margin, +margin)" (the larger of
+    the two one-sided p-values; equivalence is shown at level alpha when it is below alpha, which is the 1 - 2 alpha
+    interval lying inside the margin). NaN for a row with zero spread."""
+    n = differences.shape[-1]
+    mean = differences.mean(axis=-1)
+    se = differences.std(axis=-1, ddof=1) / math.sqrt(n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lower = stats.t.sf((mean + margin) / se, n - 1)  # H0: mean <= -margin
+        upper = stats.t.cdf((mean - margin) / se, n - 1)  # H0: mean >= +margin
+    return np.where(se > 1e-12 * np.maximum(1.0, np.abs(mean)), np.maximum(lower, upper), np.nan)
+
+
+def power(effect: float, sd: float, n: int, alpha: float) -> float:
+    """Power of the two-sided paired t-test at level ``alpha`` with n pairs whose differences have std ``sd``
+    and mean ``effect`` (the noncentral t)."""
+    dof = n - 1
+    critical = stats.t.ppf(1 - alpha / 2, dof)
+    shift = abs(effect) * math.sqrt(n) / sd
+    if shift > critical + 40:  # scipy's noncentral t answers NaN this far out; the power is 1 to float precision
+        return 1.0
+    upper, lower = stats.nct.sf(critical, dof, shift), stats.nct.cdf(-critical, dof, shift)
+    # The far tail below -critical is negligible for a positive shift, and scipy may answer NaN for it.
+    return float(np.nan_to_num(upper, nan=1.0) + np.nan_to_num(lower, nan=0.0))
+
+
+def minimum_detectable_effect(sd: float | None, n: int, alpha: float, target: float = POWER) -> float | None:
+    """The smallest paired mean difference the two-sided paired t-test at ``alpha`` finds with probability
+    ``target``, given n pairs whose differences have std ``sd``. None below 2 pairs or without a spread."""
+    if sd is None or n < 2 or not sd > 0:
+        return None
+    high = sd
+    while power(high, sd, n, alpha) < target:
+        high *= 2
+    return float(optimize.brentq(lambda e: power(e, sd, n, alpha) - target, 0.0, high, xtol=1e-12 * sd))
+
+
+def seeds_needed(effect: float, sd: float | None, alpha: float, target: float = POWER,
+                 most: int = 10_000) -> int | None:
+    """The fewest paired seeds with which the paired t-test at ``alpha`` finds ``effect`` with probability
+    ``target``, differences having std ``sd``; None without a spread, or beyond ``most``."""
+    if sd is None or not sd > 0 or effect == 0:
+        return None
+    n = 2
+    while power(effect, sd, n, alpha) < target:
+        n = n + 1 if n < 64 else int(n * 1.1)
+        if n > most:
+            return None
+    if n > 64:  # the growth above overshoots: walk back to the fewest that suffice
+        while n > 2 and power(effect, sd, n - 1, alpha) >= target:
+            n -= 1
+    return n
 
 
 def improvement(difference: float, mode: str) -> float:
@@ -108,7 +284,7 @@ def improvement(difference: float, mode: str) -> float:
 
 def verdict(difference: float, p_adjusted: float, alpha: float, mode: str) -> str:
     """"better" or "worse" when the adjusted p is below ``alpha``, in the direction of ``mode``."""
-    if p_adjusted >= alpha or difference == 0:
+    if not p_adjusted < alpha or difference == 0:
         return UNRESOLVED
     return BETTER if improvement(difference, mode) > 0 else WORSE
 
@@ -118,9 +294,10 @@ def reached(value: float, target: float, mode: str) -> bool:
 
 
 def step_reaching(steps: Sequence[float], values: Sequence[float], target: float, mode: str) -> float | None:
-    """The first step at which the curve reaches ``target``, linearly interpolated between the two validation
-    points around the crossing (a curve already there at its first point answers that point's step; one that
-    never gets there answers None). The first crossing counts: later noise back above it does not undo it."""
+    """The first step at which the curve reaches ``target`` (its value at or better than it), linearly
+    interpolated between the two logged points around that first crossing; on the raw curve, no best-so-far
+    smoothing, so later noise back across it does not undo it. A curve already there at its first point answers
+    that point's step; one that never gets there answers None."""
     for i, (step, value) in enumerate(zip(steps, values, strict=True)):
         if reached(value, target, mode):
             if i == 0:
@@ -158,3 +335,4 @@ def seed_order(seed: str) -> tuple[int, float, str]:
         return 0, float(seed), seed
     except ValueError:
         return 1, 0.0, seed
+

@@ -1,6 +1,6 @@
 """Tokenize text files into token shards with a local tokenizer file (nothing is downloaded).
 
-    python -m lit.data.prepare --tokenizer tokenizer.json --out data/shards corpus/*.txt
+    python cli.py prepare-data --tokenizer tokenizer.json --out data/shards corpus/*.txt
 
 The tokenizer is a Hugging Face ``tokenizers`` JSON file. The last ``--val_fraction`` of the tokens
 (at least one shard's worth is not required) forms ``<name>_val_000000.bin``; the rest is split into
@@ -10,15 +10,13 @@ size and dtype that ``TextDataModule(shards_dir=...)`` reads.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from lit.data.shards import write_shard
-from lit.errors import UserInputError
+from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 
 
 def prepare(inputs: list[str], tokenizer: str, out: str, name: str = "corpus", shard_tokens: int = 100_000_000,
@@ -59,8 +57,9 @@ def prepare(inputs: list[str], tokenizer: str, out: str, name: str = "corpus", s
     return meta
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+@one_line_errors
+def main(argv: list[str]) -> int:
+    p = OneLineArgumentParser(prog="cli.py prepare-data", description=__doc__.split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="UTF-8 text files")
     p.add_argument("--tokenizer", required=True, help="a local tokenizers JSON file")
     p.add_argument("--out", required=True, help="output directory")
@@ -69,12 +68,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--val_fraction", type=float, default=0.01)
     p.add_argument("--eot", default=None, help="end-of-text token inserted before each document")
     a = p.parse_args(argv)
-    try:
-        meta = prepare(a.inputs, a.tokenizer, a.out, a.name, a.shard_tokens, a.val_fraction, a.eot)
-    except UserInputError as exc:
-        sys.exit(f"error: {exc}")
+    meta = prepare(a.inputs, a.tokenizer, a.out, a.name, a.shard_tokens, a.val_fraction, a.eot)
     print(json.dumps(meta))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

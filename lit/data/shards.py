@@ -56,7 +56,7 @@ def find_shards(directory: str | Path, split: str) -> list[Path]:
     directory = Path(directory)
     if not directory.is_dir():
         raise UserInputError(f"token shard directory {directory} does not exist; create it with "
-                             f"`python -m lit.data.prepare` or set --data.shards_dir")
+                             f"`python cli.py prepare-data` or set --data.shards_dir")
     shards = sorted(p for p in directory.glob("*.bin") if split in p.name)
     if not shards:
         raise UserInputError(f"no '*{split}*.bin' shards in {directory}; each split needs at least one shard")

@@ -34,6 +34,7 @@ from lit.diagnostics.norms import GLOBAL, ParameterGroups
 from lit.diagnostics.probe import probe
 from lit.diagnostics.scalars import scalar_values
 from lit.diagnostics.spikes import SpikeDetector
+from lit.tracking.names import SPIKE_COUNT
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class Diagnostics(L.Callback):
         if self._probed_step != step and self.probe_inputs is not None:
             self._record_state(trainer, pl_module, step)
         if "spikes" in self.record:
-            self._log(trainer, {"diag/spike_count": self.spikes.count}, step)
+            self._log(trainer, {SPIKE_COUNT: self.spikes.count}, step)
 
     def state_dict(self) -> dict[str, Any]:
         inputs = self.probe_inputs.cpu() if self.probe_inputs is not None else None
@@ -177,7 +178,7 @@ class Diagnostics(L.Callback):
                         f"{grad_value}); {self.spikes.count} spike(s) so far")
         if not (spike or self.due(step)):
             return {}
-        metrics = {"diag/spike_score": score if spike else self._max_score, "diag/spike_count": self.spikes.count}
+        metrics = {"diag/spike_score": score if spike else self._max_score, SPIKE_COUNT: self.spikes.count}
         self._max_score = 0.0
         return metrics
 

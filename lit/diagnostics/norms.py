@@ -24,12 +24,9 @@ from arch_plugins.constraints import is_dtensor
 from arch_plugins.declarations import role_declarations
 from lit.errors import UserInputError
 from lit.parallel import blocks as model_blocks
+from lit.tracking.names import layer_name
 
 GLOBAL = "global"
-
-
-def layer_name(index: int) -> str:
-    return f"layer{index:02d}"
 
 
 class ParameterGroups:

@@ -25,8 +25,8 @@ import math
 import torch
 from torch import nn
 
-from lit.diagnostics.norms import layer_name
 from lit.models.transformer import Attention, TransformerStack
+from lit.tracking.names import BRANCHES, EMBEDDING, FINAL, layer_name, stream_rms, sublayer_name
 
 # Attention logits materialised at once by the explicit softmax (fp32 elements): bounds the probe's memory
 # whatever the sequence length (256 MiB).
@@ -126,12 +126,12 @@ def probe(module: nn.Module, inputs: torch.Tensor, *, stream: bool, attention: b
     metrics = dict(stats)
     if "history" in captured:
         history = captured["history"]
-        metrics["diag/stream_rms/embedding"] = rms(history.states[0])
+        metrics[stream_rms(EMBEDDING)] = rms(history.states[0])
         for i in range(len(stack.blocks)):
-            for j, sublayer in enumerate(("attn", "mlp")):
-                metrics[f"diag/stream_rms/{layer_name(i)}.{sublayer}"] = rms(history.states[1 + 2 * i + j])
-                metrics[f"diag/branch_rms/{layer_name(i)}.{sublayer}"] = rms(history.branches[2 * i + j])
-        metrics["diag/stream_rms/final"] = rms(captured["final"])
+            for j, branch in enumerate(BRANCHES):
+                metrics[stream_rms(sublayer_name(i, branch))] = rms(history.states[1 + 2 * i + j])
+                metrics[f"diag/branch_rms/{sublayer_name(i, branch)}"] = rms(history.branches[2 * i + j])
+        metrics[stream_rms(FINAL)] = rms(captured["final"])
     metrics["diag/logits_rms"] = rms(logits)
     metrics["diag/logits_max"] = logits.detach().float().max()
     return metrics

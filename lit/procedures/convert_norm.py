@@ -22,7 +22,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from lit.errors import OneLineArgumentParser, UserInputError
+from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.language_model import LanguageModel
 from lit.procedures.checkpoint_io import TrainedLM, arch_flags, read_trained_lm, write_lm_checkpoint
 
@@ -84,6 +84,7 @@ def convert(source: TrainedLM, target: str) -> tuple[LanguageModel, float]:
     return converted, difference
 
 
+@one_line_errors
 def main(argv: list[str]) -> int:
     parser = OneLineArgumentParser(prog="cli.py convert-norm", description=(
         "Convert a trained pre-LayerNorm GPT checkpoint to Pre-RMSNorm or Pre-CRMSNorm (Jiang et al. 2023): the same "

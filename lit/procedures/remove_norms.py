@@ -39,7 +39,7 @@ from torch import nn
 
 from arch_plugins.progress import TrainingProgress, declare_progress_hook
 from lit.diagnostics import DiagnosticsConfig
-from lit.errors import OneLineArgumentParser, UserInputError
+from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.language_model import LanguageModel
 from lit.procedures.checkpoint_io import TrainedLM, read_trained_lm, write_lm_checkpoint
 
@@ -205,6 +205,7 @@ def finetune(source: TrainedLM, datamodule: L.LightningDataModule, steps: int, s
     return module
 
 
+@one_line_errors
 def main(argv: list[str]) -> int:
     parser = OneLineArgumentParser(prog="cli.py remove-norms", description=(
         "Fine-tune a trained pre-LayerNorm GPT while its LayerNorms are removed one by one on the schedule of "

@@ -145,7 +145,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     from mlflow import MlflowClient
 
     from lit.sweep.store import child_runs, find_or_create_parent, finished_by_key, mark_stale_runs
-    from lit.tracking import resolve_tracking_uri, sqlite_creation_lock
+    from lit.tracking.uri import resolve_tracking_uri, sqlite_creation_lock
 
     proto, children = build_protocol(a, fit_options)
     experiment = a.experiment or f"sweep-{Path(a.config).stem}"

@@ -17,6 +17,7 @@ from mlflow.entities import Run, RunStatus
 
 from lit.errors import UserInputError
 from lit.sweep import protocol as P
+from lit.tracking.names import TRAINING_EXPERIMENT
 
 PAGE = 1000  # runs per search request
 
@@ -54,7 +55,7 @@ def experiment_id_for(client: MlflowClient, name: str, create: bool = False) -> 
     if experiment is None:
         if not create:
             raise UserInputError(f"no MLflow experiment {name!r}")
-        return client.create_experiment(name)
+        return client.create_experiment(name, tags=TRAINING_EXPERIMENT)
     return experiment.experiment_id
 
 

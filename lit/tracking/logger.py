@@ -1,4 +1,4 @@
-"""MLflow as the default tracker, with the known crashes of MLFlowLogger + LightningCLI handled.
+"""``MLflowLogger``: Lightning's MLflow logger made to work out of the box on MLflow 3.x and to lose nothing.
 
 - A bare ``MLFlowLogger()`` falls back to the ``./mlruns`` file store, which MLflow >= 3.13 refuses:
   ``MLflowLogger`` defaults to ``sqlite:///mlflow.db`` (or ``MLFLOW_TRACKING_URI``, read when the
@@ -6,64 +6,50 @@
 - With a non-file URI, ``MLFlowLogger.save_dir`` is None, so LightningCLI's ``SaveConfigCallback``
   asserts and checkpoints land in a folder named after the experiment id. ``MLflowLogger`` keeps a
   local ``save_dir`` for checkpoints (``<save_dir>/<experiment_id>/<run_id>/checkpoints``) and
-  ``LogConfigToMLflow`` writes the resolved config into the run instead of a shared file.
-- Logging is asynchronous by default (a step never waits for the store; MLflow drains the queue
-  before the run is marked terminated); a continued run keeps its params (MLflow forbids changing
-  them); sharded checkpoints, which are directories, are logged as artifacts too (Lightning skips them).
-
-- A server that does not answer is found before anything is built, in one line, and the user chooses
-  what then happens (``if_unreachable``: fail, or log to the local store and copy the run later;
-  ``lit/tracking_guard.py``). A server that goes away during training costs no metric: they wait in
-  an outbox until it is back, and what it never took is kept in a file to send later
-  (``lit/metric_outbox.py``, ``python -m lit.tracking_sync``).
-
-One run per training under many processes, resume into the same run and system metrics are the
-``MLflowRun`` callback's part (``lit/callbacks/mlflow_run.py``).
+  ``LogConfigToMLflow`` (``config_log.py``) writes the resolved config into the run instead of a shared file.
+- Logging is asynchronous by default (a step never waits for the store); a continued run keeps its
+  params (MLflow forbids changing them); sharded checkpoints, which are directories, are logged as
+  artifacts too (Lightning skips them).
+- The experiments it creates say they are model training (``names.TRAINING_EXPERIMENT``), so MLflow's
+  UI opens them on runs and charts.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
-import subprocess
 import tempfile
 import time
 from argparse import Namespace
 from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from filelock import FileLock
-from lightning.fabric.utilities.logger import _add_prefix, _convert_params, _flatten_dict
-from lightning.pytorch import LightningModule, Trainer
+from lightning.fabric.utilities.logger import _add_prefix
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from torch import Tensor, nn
+from torch import Tensor
 
 from lit.errors import UserInputError
-from lit.metric_outbox import MetricOutbox, short_error
-from lit.tracking_guard import fail_fast, is_remote, unreachable_message, unreachable_reason
+from lit.tracking.names import EXPERIMENT_KIND, MEANT_FOR, RESUME_FROM, STOPPED_AT_STEP, STOPPED_BY, TRAINING_EXPERIMENT
+from lit.tracking.outbox import MetricOutbox, short_error
+from lit.tracking.params import describe_changes, flatten, log_params
+from lit.tracking.reachability import fail_fast, is_remote, unreachable_message, unreachable_reason
+from lit.tracking.uri import DEFAULT_TRACKING_URI, absolute_sqlite, resolve_tracking_uri, sqlite_creation_lock
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-# The code that runs, wherever the run is launched from: its commit is the run's provenance.
-CODE_DIR = Path(__file__).resolve().parent.parent
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-MAX_PARAM_LENGTH = 6000  # MLflow's limit; Lightning's own log_hyperparams truncates to 250
-NOT_PARAMS = ("config", "ckpt_path")  # where the settings came from, not settings
 ASYNC_BUFFERING = "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"
 UNSENT_METRICS = "unsent_metrics.jsonl"  # in the run's folder, beside checkpoints/, while the store is down
 FINAL_STATUS = {"success": "FINISHED", "finished": "FINISHED", "failed": "FAILED"}
 
-log = logging.getLogger(__name__)
+# One logger for the package's warnings, whatever module says them: one name to silence or to capture.
+log = logging.getLogger("lit.tracking")
 
 
 @rank_zero_only
@@ -101,7 +87,7 @@ class MLflowLogger(MLFlowLogger):
             ``sqlite:///mlflow.db`` with a warning that names the run and how to copy it to the server.
         flush_timeout: seconds the end of training waits for a store that went away to come back; what
             it has not taken by then is kept in ``unsent_metrics.jsonl`` with the run's final status
-            (``python -m lit.tracking_sync send FILE`` sends it).
+            (``python cli.py sync send FILE`` sends it).
     """
 
     def __init__(self, experiment_name: str = "arch-lab", run_name: str | None = None,
@@ -126,8 +112,6 @@ class MLflowLogger(MLFlowLogger):
             self.fallback_from, tracking_uri = tracking_uri, local
         if is_remote(tracking_uri):
             fail_fast()  # during training, a request to a server that went away fails in seconds
-        # Every process builds a client, which creates the tables of a new sqlite database; processes
-        # started together (torchrun, SLURM) would race in MLflow's migrations and one would crash.
         with sqlite_creation_lock(tracking_uri):
             super().__init__(experiment_name=experiment_name, run_name=run_name, tracking_uri=tracking_uri,
                              tags=tags, save_dir=save_dir, log_model=log_model,
@@ -163,10 +147,12 @@ class MLflowLogger(MLFlowLogger):
         if created and self._run_id is not None:
             self._reopen_run()
         client = super().experiment
+        if created:
+            declare_training_experiment(client, self._experiment_id)
         if created and self.fallback_from is not None:
-            client.set_tag(self._run_id, "arch_lab.meant_for", self.fallback_from)
+            client.set_tag(self._run_id, MEANT_FOR, self.fallback_from)
             warn(f"MLflow run {self._run_id} is in the local store {self._tracking_uri}; when "
-                 f"{self.fallback_from} is back, copy it there with: python -m lit.tracking_sync run "
+                 f"{self.fallback_from} is back, copy it there with: python cli.py sync run "
                  f"{self._run_id} --from {self._tracking_uri} --to {self.fallback_from}")
         return client
 
@@ -198,8 +184,7 @@ class MLflowLogger(MLFlowLogger):
             return
         from mlflow.entities import RunTag
 
-        tags = {"arch_lab.stopped_by": signal_name, "arch_lab.stopped_at_step": str(step),
-                "arch_lab.resume_from": checkpoint}
+        tags = {STOPPED_BY: signal_name, STOPPED_AT_STEP: str(step), RESUME_FROM: checkpoint}
         try:
             self.experiment.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         except Exception as exc:  # the server is away: the checkpoint and the exit line say it all the same
@@ -228,10 +213,10 @@ class MLflowLogger(MLFlowLogger):
                 if outbox is None:
                     raise
                 log.debug(f"set_terminated failed: {exc}")
-                outbox._write_journal(status)
+                outbox.keep(status)
         warn(f"the tracking store {self._tracking_uri} did not come back within {self.flush_timeout:g} s: {left} "
              f"metric values of MLflow run {self.run_id} and its final status ({status}) are kept in "
-             f"{outbox.journal}; send them when it is back: python -m lit.tracking_sync send {outbox.journal}")
+             f"{outbox.journal}; send them when it is back: python cli.py sync send {outbox.journal}")
 
     def _reopen_run(self) -> None:
         from mlflow.exceptions import MlflowException
@@ -286,7 +271,7 @@ class MLflowLogger(MLFlowLogger):
 
     @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:
-        params = _flatten_dict(_convert_params(params))
+        params = flatten(params or {}, delimiter="/")  # Lightning's key names for hyperparameters
         synchronous = self._log_batch_kwargs.get("synchronous", True)
         changed = log_params(self.experiment, self.run_id, params, synchronous=synchronous)
         if changed:
@@ -353,125 +338,8 @@ def checkpoints_to_log(callback: ModelCheckpoint, logged: dict[str, float]) -> l
     return sorted(found, key=lambda item: item[:2])
 
 
-def log_params(client: MlflowClient, run_id: str, params: dict[str, Any],
-               synchronous: bool = True) -> dict[str, tuple[str, str]]:
-    """Log the params the run does not have yet (values up to MLflow's 6000 characters).
-
-    MLflow params cannot change, so a continued run keeps its first values. Returns
-    ``{key: (value in the run, value now)}`` for those that differ.
-    """
-    from mlflow.entities import Param
-
-    existing = client.get_run(run_id).data.params
-    values = {k: str(v)[:MAX_PARAM_LENGTH] for k, v in params.items()}
-    new = [Param(k, v) for k, v in values.items() if k not in existing]
-    for i in range(0, len(new), 100):  # MLflow's limit per batch
-        client.log_batch(run_id, params=new[i:i + 100], synchronous=synchronous)
-    return {k: (existing[k], v) for k, v in values.items() if k in existing and existing[k] != v}
-
-
-def describe_changes(changed: dict[str, tuple[str, str]], limit: int = 5) -> str:
-    shown = ", ".join(f"{k} ({old[:40]} -> {new[:40]})" for k, (old, new) in list(changed.items())[:limit])
-    return shown + (f" and {len(changed) - limit} more" if len(changed) > limit else "")
-
-
-def resolve_tracking_uri(given: str | None) -> str:
-    """The store a run, a sweep or a comparison uses: the URI given, else ``$MLFLOW_TRACKING_URI`` (read now,
-    not at import), else ``sqlite:///mlflow.db``; a relative sqlite path is resolved against this folder."""
-    return absolute_sqlite(given or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
-
-
-def absolute_sqlite(uri: str) -> str:
-    """``sqlite:///mlflow.db`` -> ``sqlite:////abs/path/mlflow.db``: the launch folder is resolved once.
-
-    MLflow caches one database engine per URI string, so a relative URI would keep writing to the
-    first folder's database in a process that changes directory (notebooks, tests).
-    """
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/") and ":memory:" not in uri:
-        return prefix + str(Path(uri[len(prefix):]).resolve())
-    return uri
-
-
-def sqlite_creation_lock(uri: str) -> AbstractContextManager:
-    """A lock across the processes of this machine for a sqlite URI (nothing for other stores).
-
-    The lock file lives in the temp folder, named after the database path, not beside the database.
-    """
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix) or ":memory:" in uri:
-        return nullcontext()
-    digest = hashlib.sha1(uri[len(prefix):].encode()).hexdigest()[:16]
-    return FileLock(Path(tempfile.gettempdir()) / f"arch-lab-mlflow-{digest}.lock")
-
-
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, key))
-        else:
-            out[key] = v
-    return out
-
-
-def git_commit() -> tuple[str, bool] | None:
-    """(commit, dirty) of the checkout the running code comes from, or None outside one."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                check=True, cwd=CODE_DIR).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True, timeout=5, check=True, cwd=CODE_DIR).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit, bool(status)
-
-
-def provenance_tags(model: nn.Module) -> dict[str, str]:
-    """The plugins ``model`` is built from (name, package, version) and the git commit, as MLflow tags."""
-    tags = {}
-    for spec in {s for m in model.modules() for s in getattr(m, "plugin_specs", ())}:
-        tags[f"plugin.{spec.kind}"] = spec.name
-        tags[f"plugin.{spec.kind}.package"] = spec.origin
-    commit = git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit[0]
-        tags["git.dirty"] = str(commit[1]).lower()
-    return tags
-
-
-class LogConfigToMLflow(SaveConfigCallback):
-    """Logs the fully resolved config into each MLflow run: as ``config.yaml`` and as flattened params.
-
-    Also tags the run with the plugins used and the git commit. Runs on rank 0 only (no collectives).
-    A continued run (``fit --ckpt_path``) keeps its ``config.yaml`` and params; the new launch's config
-    is logged beside it as ``config.resume-<n>.yaml``.
-    """
-
-    def __init__(self, parser, config, config_filename: str = "config.yaml", overwrite: bool = False,
-                 multifile: bool = False, save_to_log_dir: bool = False):
-        # A shared log_dir file collides between runs (Lightning #20184): the run is the place for it.
-        super().__init__(parser, config, config_filename, overwrite, multifile, save_to_log_dir=False)
-
-    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        from mlflow.entities import RunTag
-
-        for logger in trainer.loggers:
-            if not isinstance(logger, MLFlowLogger):
-                continue
-            client, run_id = logger.experiment, logger.run_id
-            stem, suffix = os.path.splitext(self.config_filename)
-            earlier = [a.path for a in client.list_artifacts(run_id)
-                       if a.path == self.config_filename or a.path.startswith(f"{stem}.resume-")]
-            filename = f"{stem}.resume-{len(earlier)}{suffix}" if earlier else self.config_filename
-            dumped = self.parser.dump(self.config, skip_none=False)
-            client.log_text(run_id, dumped, filename)
-            # Params from the dump, as config.yaml shows them: values linked from the data at
-            # instantiation are left out there (the model's hyperparameters hold them).
-            params = {k: v for k, v in _flatten(yaml.safe_load(dumped)).items() if k not in NOT_PARAMS}
-            changed = log_params(client, run_id, params)
-            if changed:
-                warn(f"MLflow run {run_id} continues with other settings than it has as params: "
-                     f"{describe_changes(changed)}; this launch's config is {filename}")
-            client.log_batch(run_id, tags=[RunTag(k, v) for k, v in provenance_tags(pl_module).items()])
+def declare_training_experiment(client: MlflowClient, experiment_id: str) -> None:
+    """Tag the experiment as model training, unless it already says what it is (a user's choice wins)."""
+    if EXPERIMENT_KIND not in client.get_experiment(experiment_id).tags:
+        for key, value in TRAINING_EXPERIMENT.items():
+            client.set_experiment_tag(experiment_id, key, value)

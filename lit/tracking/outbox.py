@@ -11,7 +11,7 @@ every value until a send succeeds:
   local JSON-lines file), so a process killed during the outage loses nothing either.
 - ``close`` sends what is left, waiting at most ``timeout`` seconds for a store that is still down; what
   could not be sent stays in the journal, with the run's final status, for
-  ``python -m lit.tracking_sync send JOURNAL``.
+  ``python cli.py sync send JOURNAL``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lit.tracking.batches import MAX_METRICS_PER_BATCH, batches
+
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Metric
-
-MAX_METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch request
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +76,17 @@ class MetricOutbox:
             with self._lock:
                 batch = list(self._pending)
             try:
-                for i in range(0, len(batch), MAX_METRICS_PER_BATCH):
-                    self.client.log_batch(self.run_id, metrics=batch[i:i + MAX_METRICS_PER_BATCH], synchronous=True)
+                for part in batches(batch, MAX_METRICS_PER_BATCH):
+                    self.client.log_batch(self.run_id, metrics=part, synchronous=True)
                     with self._lock:  # what was sent leaves the outbox; what came meanwhile stays
-                        del self._pending[:min(MAX_METRICS_PER_BATCH, len(batch) - i)]
-                    self.sent += min(MAX_METRICS_PER_BATCH, len(batch) - i)
+                        del self._pending[:len(part)]
+                    self.sent += len(part)
             except Exception as exc:  # any failure of the store or the network: keep, retry, say so once
                 if self.down_since is None:
                     self.down_since = time.time()
                     log.warning(f"the tracking store cannot take metrics now ({short_error(exc)}); training goes on, "
                                 f"metrics are kept ({self.journal}) and sent when it is back")
-                self._write_journal()
+                self.keep()
                 return False
             if self.down_since is not None:
                 log.warning(f"the tracking store is back after {time.time() - self.down_since:.0f} s; "
@@ -107,10 +107,11 @@ class MetricOutbox:
             time.sleep(min(self.retry_interval, max(0.0, deadline - time.time())))
         left = self.pending
         if left:
-            self._write_journal(status)
+            self.keep(status)
         return left
 
-    def _write_journal(self, status: str | None = None) -> None:
+    def keep(self, status: str | None = None) -> None:
+        """Write what is pending, and the run's final ``status`` if known, to the journal (``sync send`` reads it)."""
         with self._lock:
             pending = list(self._pending)
         header = {"tracking_uri": self.client.tracking_uri, "run_id": self.run_id, "status": status}

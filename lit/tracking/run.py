@@ -19,7 +19,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lit.checkpoints import SHARDED_METADATA
 from lit.errors import UserInputError
 from lit.init_from import load_weights_only
-from lit.tracking import MLflowLogger, warn
+from lit.tracking.logger import MLflowLogger, warn
 
 CHECKPOINT_KEY = "mlflow"  # {"run_id", "experiment_id", "tracking_uri"} in every checkpoint
 

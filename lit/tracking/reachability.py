@@ -7,10 +7,10 @@ happens when it does not answer is the user's explicit choice (``MLflowLogger(if
 
 - ``fail`` (default): one line that says what to do.
 - ``local``: log to the local sqlite store instead, with a warning that names the run and the command
-  that copies it to the server later (``python -m lit.tracking_sync run ...``).
+  that copies it to the server later (``python cli.py sync run ...``).
 
 Once training runs, requests that fail must fail fast too, so that training never waits minutes on a
-server that went away (its metrics are kept and sent later, ``lit/metric_outbox.py``): ``fail_fast``
+server that went away (its metrics are kept and sent later, ``outbox.py``): ``fail_fast``
 shortens MLflow's retries for the process, unless the user set them.
 """
 

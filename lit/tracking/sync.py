@@ -1,8 +1,8 @@
 """Send to the tracking server later what could not reach it during training.
 
-    python -m lit.tracking_sync send runs/<exp>/<run>/unsent_metrics.jsonl
+    python cli.py sync send runs/<exp>/<run>/unsent_metrics.jsonl
         the metrics a run kept while its server was down at the end of training (and its final status)
-    python -m lit.tracking_sync run RUN_ID --from sqlite:///mlflow.db --to http://host:5000
+    python cli.py sync run RUN_ID --from sqlite:///mlflow.db --to http://host:5000
         a whole run logged to the local store because the server was down when it started
         (MLflowLogger(if_unreachable="local")): params, tags, every metric's history, artifacts, status
 
@@ -12,15 +12,12 @@ Both say what they sent in one line, and fail with one ``error:`` line (exit cod
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-from lit.errors import UserInputError
-
-MAX_METRICS_PER_BATCH = 1000
-MAX_PARAMS_PER_BATCH = 100
-SYNCED_TAG = "arch_lab.synced_to"  # on the local run: where it was copied (a second copy is refused)
+from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
+from lit.tracking.batches import MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, batches
+from lit.tracking.names import COPIED_FROM, SYNCED_TO, TRAINING_EXPERIMENT
 
 
 def send(journal: str | Path, tracking_uri: str | None = None) -> str:
@@ -41,8 +38,8 @@ def send(journal: str | Path, tracking_uri: str | None = None) -> str:
         raise UserInputError(f"{journal} is not a journal of unsent metrics ({exc})") from exc
     uri = tracking_uri or header["tracking_uri"]
     client = MlflowClient(uri)
-    for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-        client.log_batch(header["run_id"], metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+    for part in batches(metrics, MAX_METRICS_PER_BATCH):
+        client.log_batch(header["run_id"], metrics=part)
     if header.get("status"):
         client.set_terminated(header["run_id"], header["status"])
     journal.unlink()
@@ -61,36 +58,35 @@ def copy_run(run_id: str, source: str, target: str, force: bool = False) -> str:
         run = src.get_run(run_id)
     except MlflowException as exc:
         raise UserInputError(f"run {run_id} is not in {source}") from exc
-    if run.data.tags.get(SYNCED_TAG) and not force:
-        raise UserInputError(f"run {run_id} was already copied to {run.data.tags[SYNCED_TAG]}; pass --force to copy "
+    if run.data.tags.get(SYNCED_TO) and not force:
+        raise UserInputError(f"run {run_id} was already copied to {run.data.tags[SYNCED_TO]}; pass --force to copy "
                              f"it again")
     name = src.get_experiment(run.info.experiment_id).name
     experiment = dst.get_experiment_by_name(name)
-    experiment_id = experiment.experiment_id if experiment else dst.create_experiment(name)
-    tags = {k: v for k, v in run.data.tags.items() if k != SYNCED_TAG}
+    experiment_id = experiment.experiment_id if experiment else dst.create_experiment(name, tags=TRAINING_EXPERIMENT)
+    tags = {k: v for k, v in run.data.tags.items() if k != SYNCED_TO}
     copy = dst.create_run(experiment_id, start_time=run.info.start_time, tags=tags, run_name=run.info.run_name)
     new_id = copy.info.run_id
     params = [Param(k, v) for k, v in run.data.params.items()]
-    for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
-        dst.log_batch(new_id, params=params[i:i + MAX_PARAMS_PER_BATCH])
+    for part in batches(params, MAX_PARAMS_PER_BATCH):
+        dst.log_batch(new_id, params=part)
     history = [Metric(m.key, m.value, m.timestamp, m.step) for key in run.data.metrics
                for m in src.get_metric_history(run_id, key)]
-    for i in range(0, len(history), MAX_METRICS_PER_BATCH):
-        dst.log_batch(new_id, metrics=history[i:i + MAX_METRICS_PER_BATCH])
-    dst.log_batch(new_id, tags=[RunTag("arch_lab.copied_from", f"{source}#{run_id}")])
+    for part in batches(history, MAX_METRICS_PER_BATCH):
+        dst.log_batch(new_id, metrics=part)
+    dst.log_batch(new_id, tags=[RunTag(COPIED_FROM, f"{source}#{run_id}")])
     with tempfile.TemporaryDirectory() as tmp:
         if src.list_artifacts(run_id):
             dst.log_artifacts(new_id, src.download_artifacts(run_id, "", tmp))
     if run.info.status != "RUNNING":
         dst.set_terminated(new_id, run.info.status, end_time=run.info.end_time)
-    src.set_tag(run_id, SYNCED_TAG, f"{target}#{new_id}")
+    src.set_tag(run_id, SYNCED_TO, f"{target}#{new_id}")
     return f"copied run {run_id} ({len(params)} params, {len(history)} metric values) to {target} as run {new_id}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    from lit.errors import OneLineArgumentParser
-
-    parser = OneLineArgumentParser(prog="python -m lit.tracking_sync", description=__doc__.split("\n\n")[0])
+@one_line_errors
+def main(argv: list[str]) -> int:
+    parser = OneLineArgumentParser(prog="cli.py sync", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("send", help="send a run's unsent_metrics.jsonl")
     s.add_argument("journal")
@@ -100,17 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--from", dest="source", required=True, help="the store the run is in (sqlite:///mlflow.db)")
     r.add_argument("--to", dest="target", required=True, help="the server to copy it to (http://host:port)")
     r.add_argument("--force", action="store_true", help="copy a run that was copied before")
-    try:
-        args = parser.parse_args(argv)
-        if args.command == "send":
-            print(send(args.journal, args.target))
-        else:
-            print(copy_run(args.run_id, args.source, args.target, args.force))
-    except UserInputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+    args = parser.parse_args(argv)
+    if args.command == "send":
+        print(send(args.journal, args.target))
+    else:
+        print(copy_run(args.run_id, args.source, args.target, args.force))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
