@@ -13,6 +13,7 @@ from lit.diagnostics import DiagnosticsConfig
 from lit.init_from import Growth, load_initial_weights
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import VIT_ARCH, ViT, with_variant
+from lit.optim import with_installed_optimizers
 from lit.task import EXECUTION_OPTIONS, ArchitectureTask
 
 
@@ -34,7 +35,8 @@ class ImageClassifier(ArchitectureTask):
         betas: AdamW betas.
         warmup_steps: linear warmup length.
         min_lr_ratio: the cosine ends at ``lr * min_lr_ratio``.
-        optimizer: the optimizer plugin (``adamw``, ``muon``; ``python cli.py plugins``), routed by parameter role.
+        optimizer: the optimizer, one of the installed <optimizers>, routed by parameter role
+            (``python cli.py plugins NAME`` shows its options).
         optimizer_options: its options, e.g. ``{lr_multipliers: {embedding: 0.3, head: 0.003125}}``
             (docs/optimizers.md).
         schedule: the learning-rate schedule: ``cosine`` (warmup + cosine) or ``wsd`` (warmup-stable-decay).
@@ -104,3 +106,6 @@ class ImageClassifier(ArchitectureTask):
         self.log("test/loss", F.cross_entropy(logits.float(), labels), sync_dist=True)
         self.test_acc1(logits, labels)
         self.log("test/acc1", self.test_acc1)
+
+
+ImageClassifier.__doc__ = with_installed_optimizers(ImageClassifier.__doc__)

@@ -16,6 +16,7 @@ from lit.errors import UserInputError
 from lit.init_from import Growth, load_initial_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
+from lit.optim import with_installed_optimizers
 from lit.task import EXECUTION_OPTIONS, ArchitectureTask
 
 
@@ -32,7 +33,8 @@ class LanguageModel(ArchitectureTask):
         betas: AdamW betas.
         warmup_steps: linear warmup length.
         min_lr_ratio: the cosine ends at ``lr * min_lr_ratio``.
-        optimizer: the optimizer plugin (``adamw``, ``muon``; ``python cli.py plugins``), routed by parameter role.
+        optimizer: the optimizer, one of the installed <optimizers>, routed by parameter role
+            (``python cli.py plugins NAME`` shows its options).
         optimizer_options: its options, e.g. ``{lr_multipliers: {embedding: 0.3, head: 0.003125}}``
             (docs/optimizers.md).
         schedule: the learning-rate schedule: ``cosine`` (warmup + cosine) or ``wsd`` (warmup-stable-decay).
@@ -119,3 +121,6 @@ class LanguageModel(ArchitectureTask):
         for text in texts:
             print(text, flush=True)
         return texts
+
+
+LanguageModel.__doc__ = with_installed_optimizers(LanguageModel.__doc__)

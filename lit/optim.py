@@ -16,7 +16,8 @@ from arch_plugins.optimizers.adamw import AdamWOptimizer
 from arch_plugins.optimizers.routing import Scales
 from lit.schedules import multiplier, warmup_cosine
 
-__all__ = ["adamw", "warmup_cosine", "adamw_warmup_cosine", "select_optimizer", "configure"]
+__all__ = ["adamw", "warmup_cosine", "adamw_warmup_cosine", "select_optimizer", "configure",
+           "with_installed_optimizers"]
 
 
 def adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
@@ -24,6 +25,11 @@ def adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, 
     that owns a parameter declares otherwise: decay follows each parameter's role
     (``arch_plugins.declarations.decays``), and ``declare_weight_decay`` overrides it."""
     return AdamWOptimizer().build(model, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+
+
+def with_installed_optimizers(doc: str) -> str:
+    """``doc`` with ``<optimizers>`` naming the optimizers installed now (`--help` lists them; metadata only)."""
+    return doc.replace("<optimizers>", f"optimizers ({', '.join(registry.names('optimizer'))})")
 
 
 def select_optimizer(name: str, options: dict[str, Any] | None):
