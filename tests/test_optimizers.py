@@ -248,3 +248,37 @@ def test_muon_trains_and_its_state_round_trips():
     train(copy, again, steps=2, seed=5)
     for a, b in zip(model.parameters(), copy.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+# --- the FineWeb track-3 recipes say what the reference does ---------------------------------------------------------
+
+@pytest.mark.parametrize("recipe", ["gpt_fineweb_track3.yaml", "gpt_fineweb_track3_muon.yaml"])
+def test_the_track3_recipes_give_each_role_the_reference_settings(recipe):
+    import yaml
+
+    from lit.optim import select_optimizer
+    from tests.conftest import REPO
+
+    model_args = yaml.safe_load((REPO / "recipes" / recipe).read_text())["model"]["init_args"]
+    arch = {**model_args["arch"], "d_model": 64, "n_layers": 2, "n_heads": 2}
+    torch.manual_seed(0)
+    model = GPT(100, 16, TransformerConfig(**arch))
+    built = select_optimizer(model_args["optimizer"], model_args["optimizer_options"]).build(
+        model, lr=model_args["lr"], weight_decay=model_args["weight_decay"], betas=tuple(model_args["betas"]))
+    by_param = {id(p): g for g in built.param_groups for p in g["params"]}
+    muon = recipe.endswith("_muon.yaml")
+    reference = {  # (lr, weight decay, betas) of modded-nanogpt's track-3 baselines
+        Kind.EMBEDDING: (0.3, 0.0, (0.8, 0.95)), Kind.HEAD: (1 / 320, 0.0, (0.8, 0.95)),
+        Kind.VECTOR: (0.01, 0.0, (0.8, 0.95)),
+        Kind.HIDDEN: (0.02, 0.01, None) if muon else (1.5e-3, 0.1, (0.9, 0.95))}
+    kinds = set()
+    for p in parameter_roles(model):
+        group, (lr, wd, betas) = by_param[id(p.param)], reference[p.kind]
+        kinds.add(p.kind)
+        assert group["lr"] == pytest.approx(lr, rel=1e-12) and group["weight_decay"] == wd, p.name
+        assert group["eps"] == 1e-10 and group.get("muon", False) == (muon and p.kind == Kind.HIDDEN), p.name
+        if betas is not None:
+            assert group["betas"] == betas, p.name
+        else:
+            assert group["adjust_lr"] == "original" and group["momentum"] == 0.95 and group["nesterov"]
+    assert kinds == set(reference)
