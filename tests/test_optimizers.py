@@ -221,6 +221,19 @@ def test_muon_groups_carry_the_recipe_settings():
     assert group["slices"][[id(q) for q in group["params"]].index(id(qkv.param))] == [(0, 32), (32, 64), (64, 96)]
 
 
+def test_the_run_logs_the_optimizer_of_each_role():
+    from arch_plugins.optimizers.routing import optimizer_settings
+
+    model = gpt()
+    built = MuonOptimizer(lr=0.02, lr_multipliers={"mlp_out": 2}).build(model, lr=1e-3, weight_decay=0.1,
+                                                                         betas=(0.9, 0.95))
+    table = optimizer_settings(model, built)
+    assert table["q"] == table["v"] == {"optimizer": "muon", "lr_ratio": pytest.approx(20.0), "weight_decay": 0.1}
+    assert table["mlp_out"]["lr_ratio"] == pytest.approx(40.0)
+    assert table["head"] == {"optimizer": "adamw", "lr_ratio": 1.0, "weight_decay": 0.1}
+    assert table["gain"]["weight_decay"] == 0.0
+
+
 def test_muon_refuses_what_it_cannot_route():
     model = gpt()
     model.extra = nn.Parameter(torch.ones(4, 4))  # no role

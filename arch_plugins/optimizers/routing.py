@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
-from arch_plugins.declarations import ParameterRole, decays
+from arch_plugins.declarations import ParameterRole, decays, parameter_roles
 from arch_plugins.interfaces import Kind
 from arch_plugins.registry import PluginError
 
@@ -110,3 +111,23 @@ def param_groups(entries: list[tuple[Any, dict[str, Any]]]) -> list[dict[str, An
         groups.setdefault(key, {**options, "params": []})["params"].append(param)
     ordered = list(groups.values())
     return sorted(ordered, key=lambda g: g.get("weight_decay", 0.0) == 0.0)  # stable: decaying groups first
+
+
+def optimizer_settings(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, dict[str, Any]]:
+    """Per role: which algorithm steps it (``muon`` or the optimizer's class), its lr over the task's lr and its
+    weight decay, as built; a role whose parameters differ (a parametrization scaling by depth) lists each value."""
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    found: dict[str, dict[str, set]] = {}
+    for p in parameter_roles(model, strict=False):
+        group = groups.get(id(p.param))
+        if group is None:
+            continue
+        algorithm = ("muon" if group.get("muon") else "adamw" if isinstance(optimizer, torch.optim.AdamW)
+                     else type(optimizer).__name__)
+        for role in [r for r, _, _ in p.slices] if p.slices else [p.role]:
+            entry = found.setdefault(role, {"optimizer": set(), "lr_ratio": set(), "weight_decay": set()})
+            entry["optimizer"].add(algorithm)
+            entry["lr_ratio"].add(float(group.get("lr_ratio", 1.0)))
+            entry["weight_decay"].add(float(group["weight_decay"]))
+    return {role: {k: (sorted(v)[0] if len(v) == 1 else sorted(v)) for k, v in entry.items()}
+            for role, entry in found.items()}
