@@ -126,8 +126,8 @@ def optimizer_settings(model: nn.Module, optimizer: torch.optim.Optimizer) -> di
                      else type(optimizer).__name__)
         for role in [r for r, _, _ in p.slices] if p.slices else [p.role]:
             entry = found.setdefault(role, {"optimizer": set(), "lr_ratio": set(), "weight_decay": set()})
-            entry["optimizer"].add(algorithm)
-            entry["lr_ratio"].add(float(group.get("lr_ratio", 1.0)))
-            entry["weight_decay"].add(float(group["weight_decay"]))
+            entry["optimizer"] |= {algorithm}
+            entry["lr_ratio"] |= {float(group.get("lr_ratio", 1.0))}
+            entry["weight_decay"] |= {float(group["weight_decay"])}
     return {role: {k: (sorted(v)[0] if len(v) == 1 else sorted(v)) for k, v in entry.items()}
             for role, entry in found.items()}
