@@ -1,4 +1,4 @@
-"""The four plugin kinds and the contract each one signs with the transformer block.
+"""The plugin kinds and the contract each one signs with the transformer block.
 
 The block calls every hook below unconditionally; a plugin returns ``None`` (identity) where it does
 not act. That is what lets the block name no plugin: a new component is a new subclass here, never a
@@ -142,6 +142,23 @@ class NormStrategy:
 
     def softmax_scale(self, layer: int, stack: StackInfo) -> float | None:
         """The attention logit scale; None means the standard 1/sqrt(head_dim)."""
+        return None
+
+    def attention_probs(self, layer: int, stack: StackInfo) -> nn.Module | None:
+        """A module turning attention logits into weights, replacing the softmax; None keeps the softmax.
+
+        It receives the scaled logits (B, H, T, S) with disallowed positions (causal mask) at -inf and returns
+        weights of the same shape (clipped softmax). With a module here the block computes attention explicitly
+        instead of through the fused kernel, so None is what keeps the fast path.
+        """
+        return None
+
+    def attention_gate(self, layer: int, stack: StackInfo) -> nn.Module | None:
+        """A module ``(x, y) -> y`` on each head's attention output before the output projection, or None.
+
+        ``x`` is the attention sublayer's input (B, T, d_model, after the ``attn_in`` site), ``y`` the heads'
+        outputs (B, H, T, head_dim): where a per-head gate computed from the input multiplies the output.
+        """
         return None
 
     def constrains(self, role: str) -> bool:
@@ -320,10 +337,29 @@ class Parametrization:
         return None
 
 
+class OptimizerType:
+    """Builds the torch optimizer of a model from its parameters' declared roles (``--model.optimizer``).
+
+    Options (``--model.optimizer_options``) are the constructor's keyword arguments. ``build`` receives the
+    task's peak ``lr``, ``weight_decay`` and AdamW ``betas``. Each parameter's declared ``OptimizerScale``
+    (``arch_plugins.declarations.optimizer_scales``: a parametrization's lr, weight-decay and Adam-epsilon
+    multipliers) multiplies its settings (``routing.settings`` reads them); an optimizer that steps a parameter
+    by another rule than Adam's refuses a declared scale. ``scales``: further per-parameter ``(lr multiplier,
+    weight-decay multiplier)`` as a function of a ``ParameterRole``, or None. It returns one ``torch.optim.Optimizer`` whose param groups each carry ``lr_ratio``: the group's
+    learning rate over the task's ``lr``, so the learning-rate schedule and the logged ``train/lr`` stay the
+    task's. Groups are routed by role, never by parameter name or shape (``arch_plugins/optimizers``).
+    """
+
+    def build(self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
+              scales=None) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+
 # The interface each entry-point group's plugins must implement.
 KIND_INTERFACES: dict[str, type] = {
     "norm": NormStrategy,
     "residual": ResidualType,
     "projection": ProjectionType,
     "parametrization": Parametrization,
+    "optimizer": OptimizerType,
 }

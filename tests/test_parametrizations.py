@@ -25,7 +25,9 @@ from lit.errors import ArchitectureError
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import VIT_ARCH, ViT
-from lit.optim import ADAM_EPS, adamw
+from lit.optim import adamw
+
+ADAM_EPS = 1e-8  # AdamW's (and the optimizer plugins') default epsilon
 
 LR, WD = 1e-2, 0.1
 
@@ -259,3 +261,24 @@ def test_roles_drive_the_rules_not_names():
     assert hidden and all(optimizer_scales(model)[id(p.param)].lr == 0.5 for p in parameter_roles(model)
                           if p.name in hidden)
     assert Role.GAIN not in {p.role for p in parameter_roles(model) if p.name in hidden}
+
+
+def test_the_optimizer_plugins_honour_the_declared_scales():
+    """The contract: ``adamw`` and ``muon`` read the declared scales (and the recipe's role multipliers multiply)."""
+    from arch_plugins.optimizers.adamw import AdamWOptimizer
+    from arch_plugins.optimizers.muon import MuonOptimizer
+
+    model = gpt("completep", d=64, layers=4, base_width=32, base_depth=2)
+    optimizer = AdamWOptimizer(lr_multipliers={"embedding": 0.5}).build(model, lr=LR, weight_decay=WD,
+                                                                         betas=(0.9, 0.95))
+    qkv, tok = model.stack.blocks[0].attn.qkv.weight, model.tok.weight
+    assert group_of(optimizer, qkv)["lr"] == pytest.approx(LR / 2 * 2 ** 0)
+    assert group_of(optimizer, qkv)["lr_ratio"] == pytest.approx(0.5)
+    assert group_of(optimizer, qkv)["weight_decay"] == pytest.approx(WD * 2)
+    assert group_of(optimizer, tok)["lr"] == pytest.approx(LR * 0.5)
+    assert group_of(optimizer, tok)["eps"] == pytest.approx(ADAM_EPS / 2 / 2)
+    # Muon would step the hidden matrices, whose scales are Adam's: refused in one line, never applied silently.
+    with pytest.raises(registry.PluginError, match="muon with mup/mup_wd/completep is not implemented"):
+        MuonOptimizer().build(model, lr=LR, weight_decay=WD, betas=(0.9, 0.95))
+    # Under SP nothing is declared: muon builds.
+    MuonOptimizer().build(gpt("sp"), lr=LR, weight_decay=WD, betas=(0.9, 0.95))
