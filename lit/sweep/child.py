@@ -15,6 +15,7 @@ from pathlib import Path
 from lit.errors import UserInputError
 from lit.sweep import protocol as P
 from lit.sweep.grid import CONFIG_KEY, Child
+from lit.sweep.ladder import rung_tags
 
 # Quiet children by default (their output goes to a log file each); a fit option given to the sweep wins.
 CHILD_DEFAULTS = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -39,6 +40,7 @@ def fit_args(manifest: dict, child: Child, tune_value: str | None) -> list[str]:
         tags[P.TUNE_VALUE] = str(child.tune_value if child.phase == "tune" else tune_value)
     if child.phase == "seed":
         tags[P.FINAL] = P.TRUE
+    tags.update(rung_tags(manifest, child))
     run_name = f"{child.variant} | " + (f"tune {child.tune_value}" if child.phase == "tune" else f"seed {child.seed}")
     args = ["fit", "--config", manifest["recipe"]]
     for config in configs:

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from lit.errors import OneLineArgumentParser, UserInputError
+from lit.sweep import ladder
 from lit.sweep import protocol as P
 from lit.sweep.grid import Child, Tuning, build_children, build_variants, find_baseline, parse_values, sweep_id
 
@@ -58,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
                    help="run here, or write a SLURM job-array script and a manifest instead")
     p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                    help="an #SBATCH line for the job arrays, e.g. --sbatch=--gpus-per-task=1 (repeatable)")
+    ladder.add_options(p)
     p.add_argument("--out", help="folder for the manifest, logs, checkpoints and scripts (default: sweeps/<id>)")
     return p
 
@@ -81,7 +83,7 @@ def option_value(args: list[str], key: str) -> str | None:
     return value
 
 
-def build_protocol(a: argparse.Namespace, fit_options: list[str]) -> tuple[dict, list[Child]]:
+def build_protocol(a: argparse.Namespace, fit_options: list[str], measure_fn=None) -> tuple[dict, list[Child]]:
     recipe_path = Path(a.config).resolve()
     if not recipe_path.is_file():
         raise UserInputError(f"recipe {a.config} not found; pass --config recipes/<name>.yaml")
@@ -124,8 +126,11 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str]) -> tuple[dict,
                                              "rule": tuning.rule},
         "fit_args": fit_options, "steps": steps,
     }
+    rungs = ladder.plan(a, fit_options, str(recipe_path), variants, baseline, measure_fn)
+    if rungs is not None:
+        proto["ladder"] = rungs
     proto["sweep_id"] = sweep_id(proto)
-    return proto, build_children(variants, seeds, tuning)
+    return proto, ladder.expand(build_children(variants, seeds, tuning), rungs)
 
 
 def main(argv: list[str]) -> int:

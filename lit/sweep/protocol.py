@@ -39,6 +39,14 @@ sweeps written before them, and then fall back to the old behaviour, saying so i
 Child tags added: ``OUTCOME`` (``"finished"`` or ``"diverged"``) and, on a diverged run, ``DIVERGED_STEP`` (the
 first step whose loss was non-finite; the metrics up to the last finite step are kept). A diverged run ends with
 MLflow status FAILED and ``OUTCOME = "diverged"``; any other FAILED run is a crash.
+
+Ladder sweeps (``--ladder``) add the protocol field ``"ladder"``: ``{"rungs": [{"index", "label", "overrides",
+"parameters", "flops_per_token", "tokens", "steps", "compute"}], "tokens_per_param", "lr": "fixed"|"transfer",
+"lr_rule", "lr_check", "warmup_fraction", "variant_lr": {label: lr}}`` (parameters, FLOPs and compute: the
+baseline's at that rung), and on every child run the tags ``RUNG`` (the rung's index, 0 the smallest),
+``RUNG_SIZE`` (its keys as written), ``RUNG_TOKENS`` and ``RUNG_COMPUTE`` (the baseline's planned FLOPs; a run's
+own FLOPs are its last ``train/flops``). Learning-rate check runs have ``PHASE = "lr_check"`` and
+``LR_CHECK_VALUE``; they are never final.
 """
 
 from __future__ import annotations
@@ -56,6 +64,11 @@ TUNE_VALUE = PREFIX + "tune_value"
 FINAL = PREFIX + "final"
 OUTCOME = PREFIX + "outcome"
 DIVERGED_STEP = PREFIX + "diverged_step"
+RUNG = PREFIX + "rung"
+RUNG_SIZE = PREFIX + "rung_size"
+RUNG_TOKENS = PREFIX + "rung_tokens"
+RUNG_COMPUTE = PREFIX + "rung_compute"
+LR_CHECK_VALUE = PREFIX + "lr_check_value"
 PARENT_RUN = "mlflow.parentRunId"
 
 PROTOCOL_FILE = "protocol.json"
@@ -64,6 +77,8 @@ REPORT_DIR = "report"  # the parent run's artifact folder for compare's Markdown
 PARAMETERS_METRIC = "model/parameters"
 ITEMS_PER_STEP_METRIC = "train/items_per_step"
 THROUGHPUT_METRICS = ("train/tokens_per_s", "train/images_per_s", "train/samples_per_s")
+FLOPS_METRIC = "train/flops"  # training FLOPs spent so far, logged every step: its last value is the run's compute
+FLOPS_PER_ITEM_METRICS = ("model/flops_per_token", "model/flops_per_image")
 
 
 PARENT, CHILD = "parent", "child"  # values of ROLE
