@@ -14,9 +14,9 @@ law needs to reach L, divided by C. It is read at every rung (L: the variant's m
 compute (L: the variant's law there). Above 1 the variant is worth more compute than it spends.
 
 Fitting. For a given E, log(L - E) = log A - alpha log C is a straight line per variant, solved in closed form;
-E is chosen on a grid (refined around its best point) to minimise the squared error of all variants in log space, the space
-Hoffmann et al. fit in. Being closed-form, a fit costs microseconds, so the bootstrap refits thousands of
-resampled ladders at once (arrays of shape (resamples, variants, rungs)).
+E is chosen on a grid (refined around its best point) to minimise the squared error of all variants in log
+space, the space Hoffmann et al. fit in. Being closed-form, a fit costs microseconds, so the bootstrap refits
+thousands of resampled ladders at once (arrays of shape (ladders, resamples, variants, rungs)).
 
 Uncertainty. Seeds pair across variants and rungs (seed i is the init and data-order seed of every run with
 index i), so resampling draws seed indices with replacement and keeps every run of a drawn index together; the
@@ -36,6 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as scipy_stats
 
+# A trend below this (the multiplier changing by 0.1% per e-fold of compute) is no trend, however narrow its
+# interval: on noise-free data the interval has no width and rounding alone would otherwise flag one.
+TREND_FLOOR = 1e-3
 E_GRID = 16  # grid points for the shared irreducible loss, refined around the best (to 1/8192 of its range)
 
 
@@ -165,19 +168,26 @@ class Multipliers:
     def depends_on_scale(self) -> bool:
         """Whether the multiplier changes with compute (the exponents differ): then the trend is the answer."""
         lo, hi = self.trend_interval
-        return lo > 0 or hi < 0
+        return (lo > 0 or hi < 0) and abs(self.trend) > TREND_FLOOR
 
 
 def _per_rung(laws: Laws, mean_loss: np.ndarray, log_compute: np.ndarray, v: int) -> tuple[np.ndarray, np.ndarray]:
     """Variant v's log multiplier at each rung (..., R), and where it needed the baseline's law (R or ..., R).
 
     Where the baseline's own runs span variant v's mean loss, the compute it needs is read off the baseline's
-    observed curve (piecewise linear in log compute, made monotone), which assumes no law at all; beyond its
-    range the shared law extends it. The law-free reading matters: a ladder pins E down poorly, and a law with
-    the wrong E bends differently at different losses, which would show as a trend that is not there.
+    observed curve (made monotone) between its two neighbouring rungs, which assumes no law beyond the shared E;
+    beyond its range its law (``laws``: the baseline's own exponent) extends it. The observed reading matters: a
+    ladder pins E down poorly, and a law with the wrong E bends differently at different losses, which would show
+    as a trend that is not there.
+
+    Between two rungs the curve is interpolated linearly in log(L - E) against log compute: a power law's own
+    shape, so a baseline that follows one is read exactly. Linear in L itself, the convex curve would be read
+    high between rungs: 1% too much multiplier at rungs 2x apart, more at wider spacing.
     """
-    base = np.minimum.accumulate(mean_loss[..., 0, :], axis=-1)  # more compute never makes the baseline worse
-    target = mean_loss[..., v, :]
+    E = laws.E[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        base = np.log(np.minimum.accumulate(mean_loss[..., 0, :], axis=-1) - E)  # more compute never hurts
+        target = np.log(mean_loss[..., v, :] - E)
     x = log_compute[0]
     R = base.shape[-1]
     above = (base[..., None, :] > target[..., :, None]).sum(-1)  # baseline rungs still above v's loss
@@ -187,7 +197,7 @@ def _per_rung(laws: Laws, mean_loss: np.ndarray, log_compute: np.ndarray, v: int
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(b0 > b1, (b0 - target) / (b0 - b1), 0.0)
     interpolated = x[j] + t * (x[j + 1] - x[j])
-    from_law = np.log(laws.compute_for(target, 0))
+    from_law = np.log(laws.compute_for(mean_loss[..., v, :], 0))
     return np.where(inside, interpolated, from_law) - log_compute[v], ~inside
 
 
@@ -254,17 +264,21 @@ def _estimate(loss: np.ndarray, compute: np.ndarray, target: float, pinned_E: fl
     boot_mean = _seed_means(loss, draws)  # (L, B, V, R)
     common, boot_common = (fit_laws(log_c, mean, pinned_E, common_alpha=True),
                            fit_laws(log_c, boot_mean, pinned_E, common_alpha=True))
-    # Each variant's own exponent, at the E of the shared fit (E is what a ladder pins down worst).
-    free, boot_free = fit_laws(log_c, mean, common.E), fit_laws(log_c, boot_mean, boot_common.E)
+    # Each variant's own exponent, with E fitted again under that model: when the exponents differ the
+    # shared-exponent model is wrong and its E is biased (to 0 on a noise-free ladder whose exponents are 0.20
+    # and 0.24), which would bias every exponent read at it.
+    free, boot_free = (fit_laws(log_c, mean, pinned_E), fit_laws(log_c, boot_mean, pinned_E))
     out = []
     for v in range(1, loss.shape[1]):
-        log_m, extrapolated = _per_rung(common, mean, log_c, v)  # (L, R)
-        boot_log_m, _ = _per_rung(boot_common, boot_mean, log_c, v)  # (L, B, R)
+        # Beyond the baseline's runs its own law extends its curve: the shared exponent would bend it towards the
+        # variants' when they scale differently, and pull every extrapolated rung towards a multiplier of 1.
+        log_m, extrapolated = _per_rung(free, mean, log_c, v)  # (L, R)
+        boot_log_m, _ = _per_rung(boot_free, boot_mean, log_c, v)  # (L, B, R)
         read = ~extrapolated
         use = np.where((read.sum(-1) >= 3)[:, None], read, True)
         trend = _slope(log_m, log_c[v], use)
         trend_half = _half_width(_slope(boot_log_m, log_c[v], use[:, None, :]), n, confidence, axis=1)
-        depends = np.abs(trend) > trend_half
+        depends = np.abs(trend) > np.maximum(trend_half, TREND_FLOOR)
         log_at = np.where(depends, np.log(_at(free, target, v)), np.log(_at(common, target, v)))
         boot_log_at = np.where(depends[:, None], np.log(_at(boot_free, target, v)),
                                np.log(_at(boot_common, target, v)))
@@ -319,6 +333,29 @@ def holdout_error(ladder: Ladder, pinned_E: float | None = None) -> np.ndarray:
     return predicted - mean[:, -1]
 
 
+def holdout_check(ladder: Ladder, pinned_E: float | None = None, resamples: int = 2000, confidence: float = 0.95,
+                  seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``holdout_error`` with a prediction interval: (errors (V,), half-widths (V,)).
+
+    The half-width combines the spread of the prediction over paired seed resamples (the fit redone on each) and
+    the standard error of the observed mean at the held-out rung, t-corrected as the multipliers are: an error
+    inside it is what seed noise alone would give."""
+    error = holdout_error(ladder, pinned_E)
+    n = ladder.loss.shape[-1]
+    if n < 2:
+        return error, np.full_like(error, np.nan)
+    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    boot = _seed_means(ladder.loss, draws)  # (B, V, R)
+    laws = fit_laws(np.log(ladder.compute[:, :-1]), boot[..., :-1], pinned_E)
+    predicted = np.stack([laws.loss(ladder.compute[v, -1], v) for v in range(len(ladder.variants))], axis=-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        spread = np.nanvar(np.where(np.isfinite(predicted), predicted, np.nan), axis=0, ddof=1) * n / (n - 1)
+        observed = np.nanvar(ladder.loss[:, -1, :], axis=-1, ddof=1) / np.isfinite(ladder.loss[:, -1, :]).sum(-1)
+    t = scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)
+    return error, t * np.sqrt(spread + observed)
+
+
 # --- calibration by simulation ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -338,6 +375,27 @@ class TrueLaw:
     # Correlation of two runs with one seed index (same data order): across variants at a rung, and across rungs.
     pair_correlation: float = 0.5
     rungs: tuple[float, ...] = (8e11, 1.6e12, 3.2e12, 6.4e12, 1.28e13)
+
+    @classmethod
+    def from_ladder(cls, ladder: Ladder) -> TrueLaw:
+        """The law and seed noise of a real ladder: its baseline's fitted law at its baseline's compute, the
+        pooled standard deviation over seeds of every run, and the correlation of two runs with one seed index
+        (the within-rung deviations from the mean, paired across variants; clipped to [0, 0.9], and 0.5 where
+        it cannot be estimated). A ladder with 3 seeds estimates both roughly: the simulation says how the
+        interval behaves at about this ladder's noise, not at exactly it."""
+        mean = _seed_means(ladder.loss, None)
+        laws = fit_laws(np.log(ladder.compute), mean)
+        deviation = ladder.loss - mean[..., None]
+        n = np.isfinite(ladder.loss).sum(-1)
+        pooled = np.nansum(deviation ** 2) / max(int((n - 1).clip(min=0).sum()), 1)
+        rho = 0.5
+        if ladder.loss.shape[0] > 1:
+            base, other = np.broadcast_arrays(deviation[:1], deviation[1:])
+            ok = np.isfinite(base) & np.isfinite(other)
+            if ok.sum() > 3 and np.std(base[ok]) > 0 and np.std(other[ok]) > 0:
+                rho = float(np.clip(np.corrcoef(base[ok], other[ok])[0, 1], 0.0, 0.9))
+        return cls(E=float(laws.E), A=float(laws.A[0]), alpha=float(laws.alpha[0]), noise_sd=float(np.sqrt(pooled)),
+                   pair_correlation=rho, rungs=tuple(float(c) for c in ladder.compute[0]))
 
 
 def simulate(law: TrueLaw, multiplier: float, seeds: int, ladders: int, rng: np.random.Generator) -> np.ndarray:
