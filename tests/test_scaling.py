@@ -64,6 +64,15 @@ def test_noise_free_multiplier_is_exactly_the_injected_one():
     assert abs(m.trend) < 5e-3 and not m.depends_on_scale
 
 
+def test_target_multiplier_uses_the_shared_exponent_when_exponents_agree():
+    ladder = law_ladder(multiplier=1.25, noise=LAW.noise_sd, rng=np.random.default_rng(11))
+    m = multipliers(ladder, resamples=300)[0]
+    assert not m.depends_on_scale
+    laws = fit_laws(np.log(ladder.compute), ladder.loss.mean(-1), common_alpha=True)
+    # Same exponent: the baseline needs (A_b / A_v)^(1/alpha) times the compute, at any target.
+    assert m.at_target == pytest.approx((laws.A[0] / laws.A[1]) ** (1 / laws.alpha[0]), rel=1e-9)
+
+
 def test_trend_flag_fires_when_the_exponents_differ():
     rng = np.random.default_rng(0)
     flagged = [multipliers(law_ladder(multiplier=1.0, alpha_variant=0.24, noise=LAW.noise_sd / 4, rng=rng),
