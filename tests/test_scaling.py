@@ -363,3 +363,43 @@ def test_ladder_namespace_defaults_are_off():
     a = SimpleNamespace(ladder=None, tokens_per_param=None, ladder_lr="fixed", ladder_lr_check=None,
                         ladder_warmup=0.1, tune=None)
     assert plan(a, [], "recipes/gpt_baseline.yaml", [], None) is None
+
+
+# --- a real tiny ladder, end to end (slow: 14 short fits) ----------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_real_ladder_sweep_reports_its_multipliers(tmp_path):
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from tests.conftest import REPO, subprocess_env
+
+    tiny = ["--data.block_size=16", "--data.batch_size=4", "--trainer.limit_val_batches=2",
+            "--trainer.num_sanity_val_steps=0", "--trainer.log_every_n_steps=5"]
+    rungs = "d_model=16,n_layers=1,n_heads=2,tokens=640;d_model=24,n_layers=1,n_heads=2,tokens=1280;" \
+            "d_model=32,n_layers=1,n_heads=2,tokens=2560"
+    out = subprocess.run([sys.executable, str(REPO / "cli.py"), "sweep", "--config",
+                          str(REPO / "recipes" / "gpt_baseline.yaml"), "--variant", "model.arch.norm=layernorm",
+                          "--ladder", rungs, "--ladder_lr_check", "baseline", "--seeds", "2", "--parallel", "2",
+                          "--experiment", "ladder", *tiny], cwd=tmp_path, capture_output=True, text=True,
+                         env=subprocess_env(), timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("ladder").experiment_id], max_results=100)
+    children = [r for r in runs if r.data.tags.get(protocol.ROLE) == "child"]
+    assert len([r for r in runs if r.data.tags.get(protocol.ROLE) == "parent"]) == 1
+    assert len(children) == 3 * 2 * 2 + 3 * 2  # rungs x variants x seeds, and the baseline's lr check
+    flops = {}
+    for r in children:
+        assert r.info.status == "FINISHED"
+        flops.setdefault(int(r.data.tags[protocol.RUNG]), set()).add(r.data.metrics["train/flops"])
+    # 10, 20, 40 steps of 64 tokens: each rung spends more, and the last logged train/flops is the total
+    assert max(flops[0]) < min(flops[1]) and max(flops[1]) < min(flops[2])
+    report = subprocess.run([sys.executable, str(REPO / "cli.py"), "compare", "--scaling", "--experiment",
+                             "ladder", "--calibration_ladders", "0", "--resamples", "200", "--out", "rep"],
+                            cwd=tmp_path, capture_output=True, text=True, env=subprocess_env(), timeout=600)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "norm=layernorm" in table_after(report.stdout, "At the target compute")
+    assert (tmp_path / "rep" / "scaling_multiplier.png").is_file()
