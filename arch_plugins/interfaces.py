@@ -144,6 +144,23 @@ class NormStrategy:
         """The attention logit scale; None means the standard 1/sqrt(head_dim)."""
         return None
 
+    def attention_probs(self, layer: int, stack: StackInfo) -> nn.Module | None:
+        """A module turning attention logits into weights, replacing the softmax; None keeps the softmax.
+
+        It receives the scaled logits (B, H, T, S) with disallowed positions (causal mask) at -inf and returns
+        weights of the same shape (clipped softmax). With a module here the block computes attention explicitly
+        instead of through the fused kernel, so None is what keeps the fast path.
+        """
+        return None
+
+    def attention_gate(self, layer: int, stack: StackInfo) -> nn.Module | None:
+        """A module ``(x, y) -> y`` on each head's attention output before the output projection, or None.
+
+        ``x`` is the attention sublayer's input (B, T, d_model, after the ``attn_in`` site), ``y`` the heads'
+        outputs (B, H, T, head_dim): where a per-head gate computed from the input multiplies the output.
+        """
+        return None
+
     def constrains(self, role: str) -> bool:
         """Whether weights of ``role`` must be kept at unit norm along their d_model axis."""
         return False

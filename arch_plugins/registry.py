@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
+import sys
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
@@ -53,13 +55,54 @@ def _check_kind(kind: str) -> None:
         raise PluginError(f"unknown plugin kind {kind!r}; kinds are: {', '.join(KINDS)}")
 
 
+# dist-info folder -> (distribution name, version). Reading a name parses the distribution's whole METADATA file
+# (arch-lab's embeds its README), and every stack build asks for six specs; a folder's name carries its version,
+# so a folder seen once is known (a reinstall writes a new folder).
+_ORIGINS: dict[str, tuple[str, str]] = {}
+
+
+def _origin(dist: metadata.Distribution | None) -> tuple[str, str]:
+    if dist is None:
+        return "?", "?"
+    folder = str(getattr(dist, "_path", ""))
+    if not folder:
+        return dist.name, dist.version
+    if folder not in _ORIGINS:
+        _ORIGINS[folder] = (dist.name, dist.version)
+    return _ORIGINS[folder]
+
+
+# group -> (what the answer depends on, the entry points). Finding entry points reads every installed
+# distribution's entry_points.txt; installing or removing one adds or removes a folder on sys.path, which changes
+# that folder's modification time, so the answer is read again only then (or when sys.path changes): the test
+# importlib.metadata's own directory cache uses.
+_ENTRY_POINTS: dict[str, tuple[tuple, metadata.EntryPoints]] = {}
+
+
+def _path_state() -> tuple:
+    def mtime(entry: str) -> int | None:
+        try:
+            return os.stat(entry or ".").st_mtime_ns
+        except OSError:
+            return None
+
+    return tuple((entry, mtime(entry)) for entry in sys.path)
+
+
+def _entry_points(group: str) -> metadata.EntryPoints:
+    state = _path_state()
+    cached = _ENTRY_POINTS.get(group)
+    if cached is None or cached[0] != state:
+        cached = _ENTRY_POINTS[group] = (state, metadata.entry_points(group=group))
+    return cached[1]
+
+
 def _specs(kind: str) -> dict[str, list[PluginSpec]]:
     """name -> every distinct package claiming it (more than one is a conflict)."""
     _check_kind(kind)
     found: dict[str, list[PluginSpec]] = {}
-    for ep in metadata.entry_points(group=GROUP_PREFIX + kind):
-        dist = ep.dist
-        spec = PluginSpec(kind, ep.name, ep.value, dist.name if dist else "?", dist.version if dist else "?")
+    for ep in _entry_points(GROUP_PREFIX + kind):
+        spec = PluginSpec(kind, ep.name, ep.value, *_origin(ep.dist))
         claims = found.setdefault(ep.name, [])
         # The same distribution can be seen twice on sys.path (e.g. editable + installed): not a clash.
         if all(c.package != spec.package for c in claims):

@@ -100,7 +100,10 @@ class LanguageModel(ArchitectureTask):
 
     def test_step(self, batch, batch_idx: int) -> None:
         idx, targets = batch
-        self.log("test/loss", self._loss(self(idx), targets), sync_dist=True)
+        loss = self._loss(self(idx), targets)
+        self.log("test/loss", loss, sync_dist=True)
+        if self.hparams.bytes_per_token:
+            self.log("test/bpb", loss / math.log(2) / self.hparams.bytes_per_token, sync_dist=True)
 
     def predict_step(self, batch: torch.Tensor, batch_idx: int) -> list[str]:
         hp = self.hparams

@@ -20,6 +20,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+# The arch fields of the stabilisers (lit/models/transformer.py, TransformerConfig), named here rather than read
+# from the config class: listing must not import torch.
+STABILISERS = (("qk_norm", "QK-norm"), ("logit_softcap", "logit soft-cap"),
+               ("clipped_softmax_gamma, clipped_softmax_zeta", "clipped softmax"),
+               ("gated_attention, gated_attention_init", "gated attention"))
+
+
 def listing() -> str:
     rows = catalogue.rows()
     header = dict(kind="KIND", name="NAME", package="PACKAGE", version="VERSION", description="DESCRIPTION")
@@ -27,6 +34,8 @@ def listing() -> str:
     lines = ["  ".join(str(r[k]).ljust(widths[k]) for k in widths) + "  " + r["description"] for r in [header, *rows]]
     lines.append("\n`python cli.py plugins NAME` shows one plugin's docstring and options; select it in a recipe "
                  "with arch.<kind>: NAME and arch.<kind>_options: {option: value}.")
+    lines.append("Stabilisers on top of any norm strategy are arch fields (arch_plugins/stabilisers): "
+                 + "; ".join(f"{field} ({what})" for field, what in STABILISERS) + ".")
     return "\n".join(lines)
 
 

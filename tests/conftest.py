@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -70,6 +71,25 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory) -> Path:
+    """An initialised MLflow sqlite store with no runs. Creating one runs MLflow's schema migrations (seconds);
+    a test that only needs somewhere to log copies this file into its folder instead."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    folder = tmp_path_factory.mktemp("empty_store")
+    store = SqlAlchemyStore(f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts"))
+    store.engine.dispose()
+    return folder / "mlflow.db"
+
+
+@pytest.fixture
+def workdir_with_store(workdir, empty_store):
+    """``workdir`` with an empty default store (./mlflow.db) already in it."""
+    shutil.copyfile(empty_store, workdir / "mlflow.db")
+    return workdir
+
+
 # Overrides that make any LM recipe tiny and fast (a handful of steps on CPU).
 TINY_LM = ["--model.arch.d_model=32", "--model.arch.n_layers=2", "--model.arch.n_heads=2",
            "--data.block_size=32", "--data.batch_size=4", "--trainer.enable_progress_bar=false",
@@ -101,28 +121,6 @@ def image_folder(tmp_path) -> Path:
 # Overrides that make any ViT recipe tiny and fast.
 TINY_VIT = ["--model.arch.d_model=32", "--model.arch.n_layers=2", "--model.arch.n_heads=2",
             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
-
-
-def backprop_gpt_and_vit(residual: str, d_model: int, seq: int) -> tuple:
-    """A 2-layer GPT and a 2-layer ViT with ``residual``, one backward each: (gpt, vit) with their gradients."""
-    import torch
-    import torch.nn.functional as F
-
-    from lit.models import GPT, TransformerConfig
-    from lit.models.vit import ViT
-
-    torch.manual_seed(0)
-    gpt = GPT(vocab_size=11, block_size=seq,
-              arch=TransformerConfig(d_model=d_model, n_layers=2, n_heads=2, residual=residual))
-    idx = torch.randint(0, 11, (2, seq))
-    F.cross_entropy(gpt(idx).flatten(0, 1), idx.flatten()).backward()
-    vit_arch = TransformerConfig(d_model=d_model, n_layers=2, n_heads=2, mlp="gelu", positions="none",
-                                 residual=residual)
-    vit = ViT(num_classes=3, image_size=8, patch_size=4, in_chans=1, arch=vit_arch)
-    logits = vit(torch.randn(2, 1, 8, 8))
-    assert logits.shape == (2, 3)
-    logits.sum().backward()
-    return gpt, vit
 
 
 def plain_and_twin(make_stack, causal: bool, **kw) -> tuple:

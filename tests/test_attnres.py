@@ -11,7 +11,6 @@ from arch_plugins.constraints import unit_norm_parameters
 from arch_plugins.residuals.attnres import DepthAttention
 from lit.models import TransformerConfig
 from lit.models.transformer import TransformerStack
-from tests.conftest import backprop_gpt_and_vit
 
 D, LAYERS, T = 16, 3, 8
 
@@ -142,12 +141,6 @@ def test_moving_the_queries_moves_off_the_average():
             if n.endswith("query"):
                 p.normal_()
     assert not torch.allclose(model(x), before, atol=1e-3)
-
-
-@pytest.mark.parametrize("name", ["attnres", "attnres_block"])
-def test_gpt_and_vit_train_with_attention_residuals(name):
-    for model in backprop_gpt_and_vit(name, D, T):
-        assert all(p.grad is not None for n, p in model.named_parameters() if n.endswith("query"))
 
 
 def test_composes_with_the_hypersphere_norm_strategy():

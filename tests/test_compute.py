@@ -61,7 +61,8 @@ def test_non_embedding_parameters_leave_out_lookup_tables_but_keep_a_tied_head()
     assert non_embedding_parameters(tied) == sum(p.numel() for p in tied.parameters()) - 16 * 32
 
 
-def test_a_fit_logs_flops_per_item_and_cumulative_flops(workdir):
+def test_a_fit_logs_flops_per_item_and_cumulative_flops(workdir_with_store):
+    workdir = workdir_with_store
     main(["fit", "--config", str(REPO / "recipes" / "gpt_baseline.yaml"), *TINY_LM, "--trainer.max_steps=3",
           "--trainer.limit_val_batches=1", "--trainer.val_check_interval=3", "--trainer.log_every_n_steps=1"])
     client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")

@@ -27,11 +27,30 @@ def test_split_is_deterministic_and_disjoint():
     a.setup("fit"), b.setup("fit")
     assert torch.equal(a.val_set[0][0], b.val_set[0][0])
     n = len(a.text)
-    assert len(a.train_set) == (int(n * 0.9) - 1) // 64
+    val_start, test_start = int(n * 0.9), int(n * 0.9) - int(n * 0.05)
+    assert len(a.train_set) == (test_start - 1) // 64
     x, y = a.train_set[3]
     assert torch.equal(x[1:], y[:-1]) and x.shape == (64,)
-    # The val split starts where the train split ends.
-    assert a.decode(a.val_set[0][0].tolist()) == a.text[int(n * 0.9): int(n * 0.9) + 64]
+    # Train | test | val: validation is the last 10%, the same text as before the test split existed; the test
+    # split is the 5% before it; no window reads a token of another split.
+    assert a.decode(a.val_set[0][0].tolist()) == a.text[val_start: val_start + 64]
+    assert a.decode(a.test_set[0][0].tolist()) == a.text[test_start: test_start + 64]
+    assert len(a.test_set) == (val_start - test_start - 1) // 64
+    last_train = a.train_set[len(a.train_set) - 1][1]  # the targets reach furthest
+    assert a.decode(last_train.tolist()) in a.text[:test_start]
+    last_test = a.test_set[len(a.test_set) - 1][1]
+    assert a.decode(last_test.tolist()) in a.text[test_start:val_start]
+    assert a.has_test_split and len(a.test_dataloader()) > 0
+
+
+def test_no_test_split_is_said_not_replaced_by_validation():
+    dm = TextDataModule(block_size=64, test_fraction=0)
+    dm.setup("test")
+    assert not dm.has_test_split and len(dm.train_set) == (int(len(dm.text) * 0.9) - 1) // 64
+    with pytest.raises(UserInputError, match="no test split"):
+        dm.test_dataloader()
+    with pytest.raises(UserInputError, match="test_fraction"):
+        TextDataModule(val_fraction=0.5, test_fraction=0.5)
 
 
 def test_text_file_and_missing_file(tmp_path):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 import torch
 
 from arch_plugins import catalogue, registry
-from tests.conftest import write_distribution
+from tests.conftest import subprocess_env, write_distribution
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,13 +33,19 @@ PYPROJECT = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text())
 RECIPE = REPO / "recipes" / "gpt_baseline.yaml"
 
 
+def fake_install(site: Path) -> dict:
+    """Write the .dist-info that `pip install examples/scalenorm_plugin` leaves in ``site``."""
+    project = PYPROJECT["project"]
+    dist_info = write_distribution(site, project["name"], project["version"], project["entry-points"])
+    (dist_info / "top_level.txt").write_text("scalenorm_plugin\n")
+    return project
+
+
 @pytest.fixture
 def installed(tmp_path_factory):
     """Make arch-lab-scalenorm visible as an installed distribution for the duration of one test."""
-    project = PYPROJECT["project"]
     site = tmp_path_factory.mktemp("site-packages")
-    dist_info = write_distribution(site, project["name"], project["version"], project["entry-points"])
-    (dist_info / "top_level.txt").write_text("scalenorm_plugin\n")
+    project = fake_install(site)
 
     before = set(sys.modules)
     with pytest.MonkeyPatch.context() as mp:
@@ -152,6 +160,21 @@ def test_listed_by_cli_plugins(installed, capsys):
     row = next(r for r in rows if len(r) > 1 and r[1] == "scalenorm")
     assert row[:4] == ["norm", "scalenorm", "arch-lab-scalenorm", "0.1.0"]
     assert " ".join(row[4:]).startswith("Pre-norm with ScaleNorm")
+
+
+def test_its_own_tests_run_the_conformance_kit(tmp_path):
+    """The example's tests (examples/scalenorm_plugin/tests), as its author runs them once it is installed (the kit
+    finds arch-lab's stacks through arch-lab's installed entry points, as it would for them)."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    fake_install(site)
+    path = os.pathsep.join([str(site), str(PLUGIN_DIR / "src"), str(REPO)])
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(PLUGIN_DIR),
+                           str(PLUGIN_DIR / "tests")], capture_output=True, text=True, timeout=600, cwd=PLUGIN_DIR,
+                          env=subprocess_env(PYTHONPATH=path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    # 7 checks, twice (two option sets): the init identity holds, only `distributed` does not apply (no state).
+    assert "12 passed, 2 skipped" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_gone_without_the_distribution():

@@ -36,32 +36,18 @@ def test_every_variant_is_registered():
         assert catalogue.summary(registry.spec("residual", name)).startswith("LAUREL-")
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["lm", "encoder"])
-@pytest.mark.parametrize("placement", ["block", "sublayer"])
-@pytest.mark.parametrize("name,options", [
-    ("laurel_lr", {}), ("laurel_pa", {}), ("laurel_pa", {"rank": 4}), ("laurel_lr", {"a_init": "xavier"})])
-def test_lr_and_pa_are_exactly_add_at_init(name, options, placement, causal):
-    ref, laurel = reference_and(causal, residual=name, residual_options={**options, "placement": placement})
+@pytest.mark.parametrize("name,options", [("laurel_lr", {"a_init": "xavier"}), ("laurel_pa", {"rank": 4})])
+def test_lr_and_pa_move_off_add_once_their_own_parameters_move(name, options):
+    # That they are exactly `add` at init is their declared init identity, checked by the conformance kit
+    # (tests/test_every_plugin.py); here, that the identity is not vacuous.
+    ref, laurel = reference_and(True, residual=name, residual_options={**options, "placement": "sublayer"})
     x = torch.randn(3, T, D)
     assert torch.equal(laurel(x), ref(x))
-    # Not vacuous: once LAUREL's own parameters move, the output does too.
     with torch.no_grad():
         for name_, p in laurel.named_parameters():
             if "merge" in name_:
                 p.add_(0.05)
     assert not torch.allclose(laurel(x), ref(x), atol=1e-4)
-
-
-@pytest.mark.parametrize("causal", [True, False], ids=["lm", "encoder"])
-@pytest.mark.parametrize("name", ["laurel_rw", "laurel_rw_lr", "laurel_rw_lr_pa"])
-def test_rw_variants_start_as_add(name, causal):
-    # alpha = beta = 1 exactly at init. Around a sublayer the sum is the same float sum as `add`; around a
-    # block f = (h - x) + y is rebuilt from the stream, so only rounding separates them.
-    ref, sub = reference_and(causal, residual=name, residual_options={"placement": "sublayer"})
-    x = torch.randn(3, T, D)
-    assert torch.equal(sub(x), ref(x))
-    _, block = reference_and(causal, residual=name)
-    torch.testing.assert_close(block(x), ref(x), atol=1e-6, rtol=0)
 
 
 def history_of(n_states: int, n_blocks: int) -> tuple[ResidualHistory, torch.Tensor, torch.Tensor]:

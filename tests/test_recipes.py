@@ -45,7 +45,8 @@ def test_there_are_recipes():
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_recipe_fast_dev_run(recipe, workdir, image_folder):
+def test_recipe_fast_dev_run(recipe, workdir_with_store, image_folder):
+    workdir = workdir_with_store
     args = ["fit", "--config", str(recipe), "--trainer.fast_dev_run=true", "--trainer.enable_progress_bar=false"]
     if _needs_image_folder(recipe):
         args += [f"--data.root={image_folder}", "--data.num_workers=0", "--model.variant=null", *TINY_VIT]

@@ -29,6 +29,29 @@ def _all_reduce(t: torch.Tensor) -> torch.Tensor:
     return all_reduce(t)
 
 
+def sum_across_processes(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the data-parallel processes, outside autograd: for statistics that custom backward
+    passes (UN's, PowerNorm's) read and never differentiate. ``t`` itself when not distributed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return t
+    t = t.detach().clone()
+    dist.all_reduce(t)
+    return t
+
+
+def processes() -> int:
+    """The number of data-parallel processes (1 when not distributed).
+
+    A statistic of the gradient summed across processes needs it: each process differentiates the mean loss of its
+    own share of the batch, so its per-token gradients are ``processes()`` times the whole batch's (the data-parallel
+    wrapper divides the summed parameter gradients by the same number)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 class SyncTokenBatchNorm(nn.Module):
     """BatchNorm of (..., C) inputs over all leading dims and all processes; affine gamma, beta."""
 

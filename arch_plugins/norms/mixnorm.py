@@ -6,6 +6,7 @@ import math
 
 from torch import nn
 
+from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import NormStrategy, Site, StackInfo
 from arch_plugins.norms.prenorm import base_norm
 
@@ -23,6 +24,10 @@ class MixNormStrategy(NormStrategy):
         base: the norm layer, ``rmsnorm`` or ``layernorm``.
         eps: that layer's epsilon (None: its own default).
     """
+
+    # No post-norm layer, or only post-norm layers (with a final norm).
+    init_identities = (InitIdentity("rmsnorm", {"fraction": 0.0}),
+                       InitIdentity("postnorm", {"fraction": 1.0}, {"final_norm": True}))
 
     PRE_SITES = (Site.ATTN_IN, Site.MLP_IN)
     POST_SITES = (Site.ATTN_AFTER_ADD, Site.MLP_AFTER_ADD)

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from arch_plugins.declarations import TrainingProgress, declare_diagnostic, declare_progress_hook, declare_role
+from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, NormStrategy, Site, StackInfo
 from arch_plugins.norms.batch_norm import SyncTokenBatchNorm
 
@@ -136,6 +137,9 @@ class PRepBNStrategy(NormStrategy):
         r0: lambda at the start of the transition (the reference's default 1.0).
         sync: synchronise batch statistics across data-parallel processes.
     """
+
+    # Before the transition lambda = 1: the replaced norm alone.
+    init_identities = (InitIdentity("rmsnorm", {"base": "rmsnorm", "eps": 1e-6}),)
 
     def __init__(self, base: str | None = None, eps: float | None = None, alpha_init: float | None = None,
                  bn_zero_init: bool | None = None, warmup_steps: int | None = None,

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
+from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, NormStrategy, Role, Site, StackInfo
 from arch_plugins.registry import PluginError
 
@@ -69,6 +70,9 @@ class SeeDNormStrategy(NormStrategy):
         mean_dot: divide each head's dot product by the head width (None: no for LMs, yes for encoders).
         dropout: dropout on the dynamic term (the paper's vision recipe uses the drop-path rate).
     """
+
+    # beta starts at zero: the gain is alpha-free, SeeDNorm is RMSNorm.
+    init_identities = (InitIdentity("rmsnorm"),)
 
     SITES = (Site.ATTN_IN, Site.MLP_IN, Site.FINAL)
 

@@ -97,6 +97,9 @@ class ThreePhaseStrategy(NormStrategy):
             every parameter); false keeps the project's default for vectors (not decayed).
     """
 
+    # An encoder has no sequence position for the profile to follow: what the conformance kit (and a user) passes.
+    stack_options = {"vit": {"horn": False}}
+
     def __init__(self, phases: int = 3, eps: float = 1e-6, horn: bool = True, weight_decay: bool = True):
         if not isinstance(phases, int) or isinstance(phases, bool) or phases < 1:
             raise ValueError(f"phases is the number of channel groups N (the paper uses 3); give an integer >= 1, "

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
+from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualStream, ResidualType, Role, StackInfo
 
 KEY_NORMS = ("rmsnorm", "rmsnorm_nonparam", "none")
@@ -131,6 +132,9 @@ class AttentionResiduals(ResidualType):
         eps: the key RMSNorm's epsilon (None: float32's machine epsilon, as flash-attn-res and ``nn.RMSNorm``).
     """
 
+    # Blocks of one sublayer each are Full Attention Residuals.
+    init_identities = (InitIdentity("attnres", {"block_size": 1}),)
+
     def __init__(self, block_size: int | None = None, key_norm: str = "rmsnorm", eps: float | None = None):
         if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool)
                                        or block_size < 1):
@@ -165,6 +169,8 @@ class FullAttentionResiduals(AttentionResiduals):
         key_norm: ``rmsnorm`` (learned gain), ``rmsnorm_nonparam`` or ``none`` (the paper's ablation).
         eps: the key RMSNorm's epsilon (None: float32's machine epsilon).
     """
+
+    init_identities = ()  # it is what attnres_block's identity points at
 
     def __init__(self, key_norm: str = "rmsnorm", eps: float | None = None):
         super().__init__(block_size=1, key_norm=key_norm, eps=eps)

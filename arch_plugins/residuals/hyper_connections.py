@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from arch_plugins.declarations import declare_role, declare_roles, declare_weight_decay
+from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualStream, ResidualType, Role, StackInfo
 
 
@@ -160,6 +161,9 @@ class HyperConnections(MultiStreamResidual):
         tanh: the tanh on the dynamic part (the reference's default).
         dynamic_scale: initial s_alpha, s_beta (0.01 as the reference).
     """
+
+    # One stream: the width and depth connections are 1, the dynamic parts start at zero.
+    init_identities = (InitIdentity("add", {"streams": 1}),)
 
     def __init__(self, streams: int = 4, dynamic: bool = True, tanh: bool = True, dynamic_scale: float = 0.01):
         super().__init__(streams)

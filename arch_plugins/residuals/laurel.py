@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
+from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualType, StackInfo
 from arch_plugins.registry import PluginError
 from arch_plugins.residuals.add import Add
@@ -196,6 +197,10 @@ class LaurelRW(LaurelResidual):
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
 
+    # alpha = beta = 1 at init. Around a sublayer that is the float sum `add` takes; around a block the branch is
+    # rebuilt from the stream, (h - x) + y, so only rounding separates them.
+    init_identities = (InitIdentity("add", {"placement": "sublayer"}), InitIdentity("add", exact=False))
+
     def __init__(self, weights: str = "softmax", placement: str = "block"):
         super().__init__(weights=weights, placement=placement)
 
@@ -208,6 +213,9 @@ class LaurelLR(LaurelResidual):
         a_init: ``structured`` (the paper's LLMs) or ``xavier`` (its ResNet).
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
+
+    # The up-projection B starts at zero, so the low-rank term adds nothing, whatever A's init or the placement.
+    init_identities = (InitIdentity("add"), InitIdentity("add", {"placement": "sublayer", "a_init": "xavier"}))
 
     def __init__(self, rank: int = 32, a_init: str = "structured", placement: str = "block"):
         super().__init__(rank=rank, a_init=a_init, placement=placement)
@@ -223,6 +231,9 @@ class LaurelPA(LaurelResidual):
         placement: ``block`` (once per transformer block) or ``sublayer``.
     """
 
+    # gamma starts at (1, 0, ...) and every B_j at zero: the carry is the current stream alone, as in `add`.
+    init_identities = (InitIdentity("add"), InitIdentity("add", {"placement": "sublayer", "rank": 4}))
+
     def __init__(self, previous: int = 3, rank: int | None = None, a_init: str = "structured",
                  placement: str = "block"):
         super().__init__(previous=previous, rank=rank, a_init=a_init, placement=placement)
@@ -237,6 +248,10 @@ class LaurelRWLR(LaurelResidual):
         a_init: ``structured`` or ``xavier``.
         placement: ``block`` or ``sublayer``.
     """
+
+    # alpha = beta = 1 at init. Around a sublayer that is the float sum `add` takes; around a block the branch is
+    # rebuilt from the stream, (h - x) + y, so only rounding separates them.
+    init_identities = (InitIdentity("add", {"placement": "sublayer"}), InitIdentity("add", exact=False))
 
     def __init__(self, weights: str = "softmax", rank: int = 32, a_init: str = "structured",
                  placement: str = "block"):
@@ -255,6 +270,10 @@ class LaurelRWLRPA(LaurelResidual):
         combination: ``eq6`` (the paper's eq. (6), gamma init 1) or ``legacy``
             (alpha f + beta sum_j gamma_j (I + B_j A_j) x_{i-j}, gamma init (1, 0, ...)).
     """
+
+    # alpha = beta = 1 at init. Around a sublayer that is the float sum `add` takes; around a block the branch is
+    # rebuilt from the stream, (h - x) + y, so only rounding separates them.
+    init_identities = (InitIdentity("add", {"placement": "sublayer"}), InitIdentity("add", exact=False))
 
     def __init__(self, weights: str = "softmax", rank: int = 32, previous: int = 3, a_init: str = "structured",
                  placement: str = "block", combination: str = "eq6"):

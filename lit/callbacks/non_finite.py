@@ -19,7 +19,15 @@ from lit.errors import UserInputError
 
 
 class NonFiniteLossError(UserInputError):
-    """The run diverged; the message names the step and the checkpoint to resume from."""
+    """The run diverged; the message names the step and the checkpoint to resume from.
+
+    ``step`` is the first step whose loss was not a number. A sweep records it as the run's outcome
+    (``lit/sweep/child.py``): in a tuning grid a diverging value is a result, not a mistake.
+    """
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
 
 
 class StopOnNonFiniteLoss(L.Callback):
@@ -44,7 +52,7 @@ class StopOnNonFiniteLoss(L.Callback):
         raise NonFiniteLossError(
             f"training loss is {what} at step {self._step} (epoch {trainer.current_epoch}, batch "
             f"{batch_idx}); nothing was saved from this step. {last_good_checkpoint(trainer)}. Lower --model.lr, "
-            f"raise the warmup or set --trainer.gradient_clip_val, then resume with --ckpt_path")
+            f"raise the warmup or set --trainer.gradient_clip_val, then resume with --ckpt_path", self._step)
 
 
 def last_good_checkpoint(trainer: L.Trainer) -> str:

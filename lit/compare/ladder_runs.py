@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
 LR_CHECK_PHASE = "lr_check"  # lit/sweep/ladder.py's phase of the neighbouring learning rates
-RUN_COLUMNS = ("run_id", "variant", "rung", "seed_index", "outcome", "loss", "flops", "flops_per_s", "start_time")
+RUN_COLUMNS = ("run_id", "variant", "rung", "seed_index", "outcome", "loss", "check_loss", "flops", "flops_per_s",
+               "start_time")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class LadderSweep:
     ladder: Ladder  # baseline first
     runs: pd.DataFrame  # one row per counted run (RUN_COLUMNS)
     flops_per_s: np.ndarray  # (V, R): median over seeds of each variant's FLOP/s at each rung
-    lr_check: pd.DataFrame  # variant, rung, lr, loss: the check runs and the seed-0 run at the rung's own lr
+    lr_check: pd.DataFrame  # variant, rung, lr, loss (validation): the check runs and the seed-0 run at the rung's lr
 
     @property
     def rungs(self) -> list[dict]:
@@ -74,6 +75,8 @@ def load_ladder(client: MlflowClient, parent: Run, metric: str | None = None,
     if base not in labels:
         raise UserInputError(f"--baseline {base}: not a variant of this sweep; pass one of {', '.join(labels)}")
     variants = [base] + [label for label in labels if label != base]
+    # The learning-rate check compares validation values (check runs are not tested), as tuning does.
+    check_metric = spec.get("metric") or DEFAULT_METRIC
     children = search_all_runs(client, parent.info.experiment_id, f"tags.`{P.PARENT_RUN}` = '{sweep}'")
     rows, checks = [], []
     for run in sorted(children, key=lambda r: r.info.start_time or 0):  # oldest first: the newest wins below
@@ -82,8 +85,9 @@ def load_ladder(client: MlflowClient, parent: Run, metric: str | None = None,
             continue
         rung = int(tags[P.RUNG])
         if tags.get(P.PHASE) == LR_CHECK_PHASE:
-            if run.info.status == "FINISHED" and metric in metrics:
-                checks.append((tags[P.VARIANT], rung, float(tags.get(P.LR_CHECK_VALUE, "nan")), metrics[metric]))
+            if run.info.status == "FINISHED" and check_metric in metrics:
+                checks.append((tags[P.VARIANT], rung, float(tags.get(P.LR_CHECK_VALUE, "nan")),
+                               metrics[check_metric]))
             continue
         if not P.is_true(tags.get(P.FINAL)) or not (run.info.status == "FINISHED" or is_diverged(run)):
             continue
@@ -91,6 +95,7 @@ def load_ladder(client: MlflowClient, parent: Run, metric: str | None = None,
         rows.append((run.info.run_id, tags[P.VARIANT], rung, int(tags.get(P.SEED_INDEX, 0)),
                      P.DIVERGED_OUTCOME if diverged else P.FINISHED_OUTCOME,
                      float("nan") if diverged else metrics.get(metric, float("nan")),
+                     float("nan") if diverged else metrics.get(check_metric, float("nan")),
                      metrics.get(P.FLOPS_METRIC, float("nan")),
                      float("nan") if diverged else _flops_per_s(client, run), run.info.start_time or 0))
     runs = pd.DataFrame(rows, columns=list(RUN_COLUMNS)).drop_duplicates(["variant", "rung", "seed_index"],
@@ -136,6 +141,6 @@ def _lr_check_table(checks: list[tuple], runs: pd.DataFrame, spec: dict) -> pd.D
     for variant, rung in {(v, r) for v, r, _, _ in checks}:
         first = runs[(runs.variant == variant) & (runs.rung == rung) & (runs.seed_index == 0)]
         if len(first) and own.get(variant) is not None:
-            rows.append((variant, rung, float(own[variant]), float(first.loss.iloc[-1])))
+            rows.append((variant, rung, float(own[variant]), float(first.check_loss.iloc[-1])))
     table = pd.DataFrame(rows, columns=["variant", "rung", "lr", "loss"])
     return table.drop_duplicates(["variant", "rung", "lr"], keep="last").sort_values(["variant", "rung", "lr"])

@@ -175,7 +175,8 @@ def render_scaling(a: ScalingAnalysis, figures: list[str]) -> str:
               "ratio as known (it is measured on this machine, under its load)."]
     if len(s.lr_check):
         lines += ["", "## Learning-rate check", "",
-                  "Each checked variant at each rung on the first seed, at lr/2, lr and 2 lr: an edge means the "
+                  "Each checked variant at each rung on the first seed, at lr/2, lr and 2 lr (the final validation "
+                  f"`{s.protocol.get('metric') or 'val/loss'}`, as tuning reads it): an edge means the "
                   "rung's learning rate is not the best of the three.", "",
                   "| variant | rung | " + " | ".join(["loss at lr/2", "at lr", "at 2 lr"]) + " | best |",
                   "|---|---|---|---|---|---|"]

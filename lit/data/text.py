@@ -75,6 +75,11 @@ class TextDataModule(L.LightningDataModule):
         block_size: tokens per training sequence (the model's context is linked to it).
         batch_size: sequences per batch, per process.
         val_fraction: the last fraction of the corpus is the validation split (deterministic).
+        test_fraction: the fraction of the corpus just before the validation split is the held-out test
+            split (``trainer.test``; a sweep reports on it and tunes on validation). Train is what precedes
+            it: with the defaults, train is the first 85% of the corpus, test the next 5%, validation the
+            last 10% (the same validation text as before the test split existed). 0: no test split.
+            Token shards have a test split when ``*test*.bin`` shards exist.
         num_workers: DataLoader workers.
         prompt: the text that ``predict`` continues.
         num_samples: how many samples ``predict`` draws.
@@ -91,11 +96,14 @@ class TextDataModule(L.LightningDataModule):
     def __init__(self, text_file: str | None = None, shards_dir: str | None = None,
                  vocab_size: int | None = None, block_size: int = 256, batch_size: int = 32,
                  val_fraction: float = 0.1, num_workers: int = 0, prompt: str = "\n", num_samples: int = 1,
-                 seed: int | None = None, val_tokens: int | None = None):
+                 seed: int | None = None, val_tokens: int | None = None, test_fraction: float = 0.05):
         super().__init__()
         self.seed = seed
         if not 0 < val_fraction < 1:
             raise UserInputError(f"--data.val_fraction must be in (0, 1), got {val_fraction}")
+        if not 0 <= test_fraction < 1 - val_fraction:
+            raise UserInputError(f"--data.test_fraction must be in [0, 1 - val_fraction), got {test_fraction}")
+        self.test_fraction = test_fraction
         if val_tokens is not None and (val_tokens <= 0 or val_tokens % block_size):
             raise UserInputError(f"--data.val_tokens={val_tokens} must be a positive multiple of --data.block_size="
                                  f"{block_size}, so that every validation token is scored exactly once")
@@ -112,16 +120,22 @@ class TextDataModule(L.LightningDataModule):
             if self.vocab_size is None:
                 raise UserInputError(f"{shards_dir} has no meta.json; pass --data.vocab_size")
             self.bytes_per_token = meta.get("bytes_per_token")
+            self.has_test_split = any("test" in p.name for p in Path(shards_dir).glob("*.bin"))
         else:
             self.text = self._read_text()
             self.tokenizer = CharTokenizer(self.text)
             self.vocab_size = self.tokenizer.vocab_size
             val_text = self.text[self._split_index(len(self.text)):]
             self.bytes_per_token = len(val_text.encode("utf-8")) / max(1, len(val_text))
+            self.has_test_split = test_fraction > 0
 
     def _split_index(self, n_tokens: int) -> int:
         """Where the validation split starts: the last ``val_fraction`` of the tokens (one token per character)."""
         return int(n_tokens * (1 - self.val_fraction))
+
+    def _test_index(self, n_tokens: int) -> int:
+        """Where the test split starts: ``test_fraction`` of the tokens before the validation split."""
+        return self._split_index(n_tokens) - int(n_tokens * self.test_fraction)
 
     def _read_text(self) -> str:
         if self.text_file is None:
@@ -138,14 +152,19 @@ class TextDataModule(L.LightningDataModule):
             self.val_set = TokenWindows(find_shards(self.shards_dir, "val"), self.block_size, self.shard_dtype,
                                         max_tokens=self.val_tokens)
             self._check_val_tokens(self.val_set.n_predicted)
+            if self.has_test_split:
+                self.test_set = TokenWindows(find_shards(self.shards_dir, "test"), self.block_size, self.shard_dtype)
             return
         tokens = torch.from_numpy(np.array(self.tokenizer.encode(self.text), dtype=np.int64))
-        split = self._split_index(len(tokens))
-        self.train_set = _Windows(tokens[:split], self.block_size)
+        split, test_start = self._split_index(len(tokens)), self._test_index(len(tokens))
+        # Windows never read past their slice: the three splits share no token.
+        self.train_set = _Windows(tokens[:test_start], self.block_size)
+        if self.has_test_split:
+            self.test_set = _Windows(tokens[test_start:split], self.block_size)
         val_end = len(tokens) if self.val_tokens is None else split + self.val_tokens + 1
         self.val_set = _Windows(tokens[split:val_end], self.block_size)
         self._check_val_tokens(len(self.val_set) * self.block_size)
-        if len(self.train_set) == 0 or len(self.val_set) == 0:
+        if len(self.train_set) == 0 or len(self.val_set) == 0 or (self.has_test_split and len(self.test_set) == 0):
             raise UserInputError(f"the corpus is too short for block_size={self.block_size} "
                                  f"({len(tokens)} tokens); lower --data.block_size")
 
@@ -166,7 +185,10 @@ class TextDataModule(L.LightningDataModule):
         return self._eval_loader(self.val_set)
 
     def test_dataloader(self) -> DataLoader:
-        return self._eval_loader(self.val_set)
+        if not self.has_test_split:
+            raise UserInputError("these data have no test split: set --data.test_fraction (char-level text) or "
+                                 "add *test*.bin shards; validate with `cli.py validate` instead")
+        return self._eval_loader(self.test_set)
 
     def predict_dataloader(self) -> DataLoader:
         if self.tokenizer is None:

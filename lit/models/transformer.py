@@ -70,6 +70,14 @@ class TransformerConfig:
     qk_norm: Literal["rmsnorm", "layernorm"] | None = None
     qk_norm_eps: float = 1e-6
     logit_softcap: float | None = None
+    # Quantizable Transformers' attention stabilisers. Clipped softmax: clip((zeta - gamma) softmax + gamma, 0, 1),
+    # gamma <= 0 (the paper: -alpha / T), zeta >= 1; None: the plain softmax through SDPA. Gated attention: a
+    # per-head sigmoid gate from each head's slice of the input, opening to gated_attention_init at init
+    # (0.25 in the paper's OPT runs; None: nn.Linear's default bias).
+    clipped_softmax_gamma: float | None = None
+    clipped_softmax_zeta: float = 1.0
+    gated_attention: bool = False
+    gated_attention_init: float | None = 0.25
 
     def resolved_mlp_hidden(self) -> int:
         if self.mlp_hidden is not None:
@@ -105,7 +113,11 @@ class Plugins:
 
     def __init__(self, cfg: TransformerConfig):
         self.norm = with_stabilisers(registry.create("norm", cfg.norm, cfg.norm_options), cfg.norm,
-                                     qk_norm=cfg.qk_norm, qk_norm_eps=cfg.qk_norm_eps, logit_softcap=cfg.logit_softcap)
+                                     qk_norm=cfg.qk_norm, qk_norm_eps=cfg.qk_norm_eps, logit_softcap=cfg.logit_softcap,
+                                     clipped_softmax_gamma=cfg.clipped_softmax_gamma,
+                                     clipped_softmax_zeta=cfg.clipped_softmax_zeta,
+                                     gated_attention=cfg.gated_attention,
+                                     gated_attention_init=cfg.gated_attention_init)
         self.residual = registry.create("residual", cfg.residual, cfg.residual_options)
         self.projection = registry.create("projection", cfg.projection, cfg.projection_options)
         # Where each component came from (package, version), for the run's provenance.
@@ -142,6 +154,8 @@ class Attention(nn.Module):
         self.qk_before_rope = plugins.norm.qk_before_rope(layer, stack)  # None: nothing before RoPE
         self.qk = plugins.norm.qk(layer, stack)  # None: no q/k normalisation after RoPE
         self.scale = plugins.norm.softmax_scale(layer, stack)
+        self.probs = plugins.norm.attention_probs(layer, stack)  # None: the softmax, through SDPA
+        self.gate = plugins.norm.attention_gate(layer, stack)  # None: no gate on the heads' outputs
         # Set only while a diagnostics probe runs (lit/diagnostics/probe.py): called with the q and k the
         # attention really uses (plugins applied), its scale and causality, since SDPA hides probabilities.
         self.inspect: Callable[[torch.Tensor, torch.Tensor, float, bool], None] | None = None
@@ -157,9 +171,27 @@ class Attention(nn.Module):
             q, k = self.qk(q, k)
         if self.inspect is not None:
             self.inspect(q, k, self.scale if self.scale is not None else q.shape[-1] ** -0.5, self.causal)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        if self.probs is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        else:
+            y = self._explicit_attention(q, k, v)
+        if self.gate is not None:
+            y = self.gate(x, y)
         return self.out(y.transpose(1, 2).reshape(B, T, d))
+
+    def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention with the weights made by ``self.probs`` instead of the softmax (which SDPA fuses away)."""
+        scale = self.scale if self.scale is not None else q.shape[-1] ** -0.5
+        scores = (q @ k.transpose(-1, -2)).float() * scale
+        if self.causal:
+            T, S = scores.shape[-2:]
+            future = torch.ones(T, S, dtype=torch.bool, device=scores.device).triu(S - T + 1)
+            scores = scores.masked_fill(future, float("-inf"))
+        weights = self.probs(scores).to(v.dtype)
+        if self.training and self.dropout > 0:
+            weights = F.dropout(weights, p=self.dropout)
+        return weights @ v
 
 
 class MLP(nn.Module):

@@ -4,6 +4,12 @@ The same function runs a child whether a local sweep forked it or a SLURM array 
 (``python -m lit.sweep.child MANIFEST PHASE INDEX``), so both log the same run into the same store.
 A seed run of a tuned variant looks up the tuned value in the store when it starts (the tuning runs
 may have run on other machines), and a seed run that reuses the tuning run only tags it.
+
+The child claims its run before training: it creates the MLflow run with its owner and a heartbeat
+(``lit/sweep/ownership.py``), and gives way if another live process holds the same child. After
+``fit`` it tests the final weights (last, not best) on the data's test split when the protocol reports
+a test metric, then tags the outcome. A loss that goes non-finite is an outcome too: the run ends
+FAILED, tagged diverged at its first non-finite step, with the metrics of the steps before it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ from lit.errors import UserInputError
 from lit.sweep import protocol as P
 from lit.sweep.grid import CONFIG_KEY, Child
 from lit.sweep.ladder import rung_tags
+
+DIVERGED_EXIT = 3  # the run diverged: recorded as its outcome, never rerun
+ALL_DIVERGED_EXIT = 4  # a seed run not started: every tuning value of its variant diverged
+OWNED_ELSEWHERE_EXIT = 5  # another live process holds this child: not run a second time
 
 # Quiet children by default (their output goes to a log file each); a fit option given to the sweep wins.
 CHILD_DEFAULTS = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -32,16 +42,7 @@ def fit_args(manifest: dict, child: Child, tune_value: str | None) -> list[str]:
     if child.phase == "seed" and tune is not None:
         overrides[tune["key"]] = tune_value
     configs = [v for k, v in overrides.items() if k == CONFIG_KEY]
-    tags = {P.PARENT_RUN: manifest["parent_run_id"], P.ROLE: P.CHILD, P.SWEEP_ID: manifest["protocol"]["sweep_id"],
-            P.VARIANT: child.variant, P.SEED: str(child.seed), P.SEED_INDEX: str(child.seed_index),
-            P.PHASE: child.phase, P.CHILD_KEY: child.key}
-    if tune is not None:
-        tags[P.TUNE_KEY] = tune["key"]
-        tags[P.TUNE_VALUE] = str(child.tune_value if child.phase == "tune" else tune_value)
-    if child.phase == "seed":
-        tags[P.FINAL] = P.TRUE
-    tags.update(rung_tags(manifest, child))
-    run_name = f"{child.variant} | " + (f"tune {child.tune_value}" if child.phase == "tune" else f"seed {child.seed}")
+    tags = child_tags(manifest, child, tune_value)
     args = ["fit", "--config", manifest["recipe"]]
     for config in configs:
         args += ["--config", config]
@@ -52,38 +53,142 @@ def fit_args(manifest: dict, child: Child, tune_value: str | None) -> list[str]:
         args.append(f"--trainer.max_steps={child.steps}")
     logger = "--trainer.logger.init_args."
     args += [f"{logger}experiment_name={manifest['experiment']}", f"{logger}tracking_uri={manifest['tracking_uri']}",
-             f"{logger}run_name={run_name}", f"{logger}tags={json.dumps(tags)}",
+             f"{logger}run_name={run_name(child)}", f"{logger}tags={json.dumps(tags)}",
              f"{logger}save_dir={manifest['save_dir']}"]
     return args
 
 
+def child_tags(manifest: dict, child: Child, tune_value: str | None) -> dict[str, str]:
+    tune = manifest["protocol"]["tune"]
+    tags = {P.PARENT_RUN: str(manifest["parent_run_id"]), P.ROLE: P.CHILD,
+            P.SWEEP_ID: manifest["protocol"]["sweep_id"], P.VARIANT: child.variant, P.SEED: str(child.seed),
+            P.SEED_INDEX: str(child.seed_index), P.PHASE: child.phase, P.CHILD_KEY: child.key}
+    if tune is not None:
+        tags[P.TUNE_KEY] = tune["key"]
+        tags[P.TUNE_VALUE] = str(child.tune_value if child.phase == "tune" else tune_value)
+    if child.phase == "seed":
+        tags[P.FINAL] = P.TRUE
+    tags.update(rung_tags(manifest, child))
+    return tags
+
+
+def run_name(child: Child) -> str:
+    rung = f"rung {child.rung} | " if child.rung is not None else ""
+    what = {"tune": f"tune {child.tune_value}", "seed": f"seed {child.seed}"}.get(child.phase,
+                                                                                    f"{child.phase} {child.tune_value}")
+    return f"{child.variant} | {rung}{what}"
+
+
 def run_child(manifest: dict, child: Child) -> int:
-    """Run one child in this process; returns an exit code (0 done, 2 a user error, 1 a crash)."""
+    """Run one child in this process; returns an exit code (0 done, 2 a user error, 1 a crash, or one of
+    ``DIVERGED_EXIT``, ``ALL_DIVERGED_EXIT``, ``OWNED_ELSEWHERE_EXIT``)."""
     from mlflow import MlflowClient
 
-    from lit.cli import main as cli_main
-    from lit.sweep.store import experiment_id_for, pick_tuned_value
+    from lit.sweep.ownership import Heartbeat
+    from lit.sweep.store import AllTuningDiverged, experiment_id_for, pick_tuned_value
 
     proto = manifest["protocol"]
+    client = MlflowClient(manifest["tracking_uri"])
     tune_value = None
-    if child.phase == "seed" and proto["tune"] is not None:
-        client = MlflowClient(manifest["tracking_uri"])
-        try:
-            experiment_id = experiment_id_for(client, manifest["experiment"])
-            tune_value, tuning_run = pick_tuned_value(client, experiment_id, proto["sweep_id"], child.variant,
-                                                      proto["tune"]["values"], proto["metric"])
-        except UserInputError as exc:
-            sys.stderr.write(f"error: {exc}\n")
-            return 2
-        if child.reuse:
-            # The tuning run at the picked value ran this very seed at the full budget: it is the seed run.
-            client.set_tag(tuning_run.info.run_id, P.FINAL, P.TRUE)
-            return 0
     try:
-        cli_main(fit_args(manifest, child, tune_value))
+        experiment_id = experiment_id_for(client, manifest["experiment"])
+        if child.phase == "seed" and proto["tune"] is not None:
+            try:
+                tune_value, tuning_run = pick_tuned_value(client, experiment_id, proto["sweep_id"], child.variant,
+                                                          proto["tune"]["values"], proto["metric"], proto["mode"])
+            except AllTuningDiverged as exc:
+                print(f"{child.key}: not run: {exc}")
+                return ALL_DIVERGED_EXIT
+            if child.reuse:
+                # The tuning run at the picked value ran this very seed at the full budget: it is the seed run.
+                client.set_tag(tuning_run.info.run_id, P.FINAL, P.TRUE)
+                return 0
+    except UserInputError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    run_id = claim(client, experiment_id, manifest, child, tune_value)
+    if run_id is None:
+        return OWNED_ELSEWHERE_EXIT
+    beat = Heartbeat(client, run_id).start()
+    try:
+        # Tuning reads validation only; a tuning run is tested when the old rule may count it as a result.
+        counts = child.phase == "seed" or bool(proto["tune"] and proto["tune"]["reuse_seed_run"])
+        return _fit_and_test(manifest, fit_args(manifest, child, tune_value), client, run_id, test=counts)
+    finally:
+        beat.stop()
+
+
+def claim(client, experiment_id: str, manifest: dict, child: Child, tune_value: str | None) -> str | None:
+    """Create this child's run, owned by this process; None if another live process holds the child.
+
+    Two processes that start the same child at once both create a run; the earlier one (by start time,
+    then run id) keeps the child and the other deletes its own and gives way.
+    """
+    from lit.sweep.ownership import describe_owner, owner_alive, owner_tags
+    from lit.sweep.store import child_runs
+
+    def holders() -> list:
+        return [r for r in child_runs(client, experiment_id, manifest["protocol"]["sweep_id"])
+                if r.data.tags.get(P.CHILD_KEY) == child.key and r.info.status == "RUNNING"
+                and owner_alive(r.data.tags)]
+
+    held = holders()
+    if held:
+        print(f"{child.key}: already being run by {describe_owner(held[0].data.tags)}; not run a second time")
+        return None
+    run = client.create_run(experiment_id, run_name=run_name(child),
+                            tags={**child_tags(manifest, child, tune_value), **owner_tags()})
+    mine = (run.info.start_time, run.info.run_id)
+    earlier = [r for r in holders() if (r.info.start_time, r.info.run_id) < mine]
+    if earlier:
+        client.delete_run(run.info.run_id)
+        print(f"{child.key}: started at the same time by {describe_owner(earlier[0].data.tags)}; left to it")
+        return None
+    return run.info.run_id
+
+
+def _fit_and_test(manifest: dict, args: list[str], client, run_id: str, test: bool) -> int:
+    from lit.cli import main as cli_main
+
+    proto = manifest["protocol"]
+    try:
+        cli = cli_main(args + [f"--trainer.logger.init_args.run_id={run_id}"])
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        diverged = _divergence(exc)
+        if diverged is None:
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        from mlflow.entities import RunTag
+
+        client.log_batch(run_id, tags=[RunTag(P.OUTCOME, P.DIVERGED_OUTCOME),
+                                       RunTag(P.DIVERGED_STEP, str(diverged.step))])
+        client.set_terminated(run_id, status="FAILED")
+        print(f"diverged at step {diverged.step}: recorded as this run's outcome (FAILED, {P.OUTCOME}=diverged)")
+        return DIVERGED_EXIT
+    report = proto.get("report_metric") or proto["metric"]
+    if test and report.startswith("test/"):
+        # Training is over but the result is not: the run shows it running until the test is logged.
+        client.update_run(run_id, status="RUNNING")
+        cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)  # the final weights, not the best
+        if not client.get_metric_history(run_id, report):
+            sys.stderr.write(f"error: the test logged no {report}; the sweep reports it\n")
+            client.set_terminated(run_id, status="FAILED")
+            return 1
+    client.set_tag(run_id, P.OUTCOME, P.FINISHED_OUTCOME)
+    client.set_terminated(run_id, status="FINISHED")
     return 0
+
+
+def _divergence(exc: BaseException):
+    """The ``NonFiniteLossError`` behind a fit that exited (the CLI turns it into one line and an exit)."""
+    from lit.callbacks.non_finite import NonFiniteLossError
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, NonFiniteLossError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def load_manifest(path: str | Path) -> dict:
@@ -100,13 +205,14 @@ def children_of(manifest: dict, phase: str) -> list[Child]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m lit.sweep.child MANIFEST PHASE INDEX``: one array task of a SLURM sweep.
 
-    Skips the child if a run of it already FINISHED (a requeued or resubmitted array redoes nothing).
+    Skips the child if a run of it is already done (finished or diverged: a requeued or resubmitted array
+    redoes nothing), or is being run by another live process; a run whose owner is gone is marked KILLED.
     """
     import argparse
 
     from mlflow import MlflowClient
 
-    from lit.sweep.store import child_runs, experiment_id_for, finished_by_key
+    from lit.sweep.store import child_runs, done_by_key, experiment_id_for, settle_unfinished_runs
 
     parser = argparse.ArgumentParser(prog="python -m lit.sweep.child", description=main.__doc__.splitlines()[0])
     parser.add_argument("manifest")
@@ -121,13 +227,18 @@ def main(argv: list[str] | None = None) -> int:
         child = children[a.index]
         client = MlflowClient(manifest["tracking_uri"])
         experiment_id = experiment_id_for(client, manifest["experiment"])
-        if child.key in finished_by_key(child_runs(client, experiment_id, manifest["protocol"]["sweep_id"])):
+        runs = [r for r in child_runs(client, experiment_id, manifest["protocol"]["sweep_id"])
+                if r.data.tags.get(P.CHILD_KEY) == child.key]
+        if child.key in done_by_key(runs):
             print(f"{child.key}: already finished")
             return 0
+        settle_unfinished_runs(client, runs)
     except UserInputError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
-    return run_child(manifest, child)
+    code = run_child(manifest, child)
+    # An outcome is a success for the scheduler: the seed array waits on the tuning array with afterok.
+    return 0 if code in (DIVERGED_EXIT, ALL_DIVERGED_EXIT, OWNED_ELSEWHERE_EXIT) else code
 
 
 if __name__ == "__main__":

@@ -5,15 +5,17 @@
     python cli.py compare --experiment sweep-gpt_baseline
 
 Options it does not know are ``fit`` options, applied to every run. Rerunning the same command resumes:
-children with a FINISHED run are skipped, failed or killed ones run again.
+children that are done (finished, or diverged: an outcome) are skipped, crashed or killed ones run again;
+a sweep whose inputs changed (recipe, config files, code commit) refuses unless ``--new_sweep``; a sweep
+that is running refuses a second owner. docs/sweeps.md tells the whole story.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -23,15 +25,25 @@ import yaml
 from lit.errors import OneLineArgumentParser, UserInputError
 from lit.sweep import ladder
 from lit.sweep import protocol as P
-from lit.sweep.grid import Child, Tuning, build_children, build_variants, find_baseline, parse_values, sweep_id
+from lit.sweep.grid import Child, Tuning, Variant, build_children, build_variants, find_baseline, parse_values, sweep_id
+from lit.sweep.identity import changes, identity
 
 EPILOG = """\
 Each run is `cli.py fit --config RECIPE [variant] [fit options] --seed_everything=S --data.seed=S`: seed S is
 the init seed and the data order of that run in every variant, so the variants' differences pair by seed.
-Tuning: each variant tries every --tune value on the first seed; the seeds run at the value with the best
-final --metric (with the full budget, that first-seed tuning run is reused as its seed run).
+Tuning: each variant tries every --tune value on the tuning seed (--tune_seed, outside the evaluation seeds);
+the seeds run at the value with the best final validation --metric, and the tuning runs are not counted.
+A run whose loss goes non-finite is recorded as diverged (an outcome: never picked, never rerun); a
+variant whose every tuning value diverged is diverged at every value and its seeds do not run.
+After training, each run is tested on the data's held-out test split (the report metric, e.g. test/loss).
 Runs log to one experiment: a parent run holds the protocol, a child run per (variant, seed) holds the
-metrics. Then: python cli.py compare --experiment NAME."""
+metrics. Rerunning the command resumes; --add_seeds N extends a sweep. Then: python cli.py compare
+--experiment NAME."""
+
+FAR_SEED = 2**31 - 1  # the default tuning seed when the evaluation seeds start at 0
+TEST_METRICS = ("loss", "bpb", "acc1")  # what the models log in test (test/<name>)
+KNOWN_MODES = {"loss": "min", "ppl": "min", "perplexity": "min", "bpb": "min", "nll": "min",
+               "acc": "max", "acc1": "max", "acc5": "max", "accuracy": "max", "top1": "max", "top5": "max"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,11 +59,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=3, help="seeds per variant (default 3)")
     p.add_argument("--seed_base", type=int, default=None,
                    help="first seed (default: the recipe's seed_everything, else 0); seeds are consecutive")
+    p.add_argument("--add_seeds", type=int, default=0, metavar="N",
+                   help="extend an existing sweep by N paired seeds (it then has --seeds + N); rerunning the "
+                        "same command resumes")
     p.add_argument("--tune", metavar="KEY=A,B,C", help="tune this key per variant over these values")
-    p.add_argument("--tune_steps", type=int, default=None,
-                   help="budget of the tuning runs (default: the full budget, reusing the first seed's run)")
+    p.add_argument("--tune_steps", type=int, default=None, help="budget of the tuning runs (default: the full budget)")
+    p.add_argument("--tune_seed", type=int, default=None,
+                   help="seed of the tuning runs, outside the evaluation seeds (default: seed_base - 1, or "
+                        f"{FAR_SEED} when seed_base is 0)")
+    p.add_argument("--reuse_tuning_run_as_seed", action="store_true",
+                   help="the old rule: tune on the first evaluation seed at the full budget and count the picked "
+                        "tuning run as that seed's result (slightly optimistic; recorded as tune.rule)")
     p.add_argument("--baseline", metavar="KEY=V", help="the variant the others are compared with (default: first)")
-    p.add_argument("--metric", default="val/loss", help="the metric tuning picks by and compare reports")
+    p.add_argument("--metric", default="val/loss", help="the validation metric tuning picks by (default val/loss)")
+    p.add_argument("--mode", choices=["min", "max"],
+                   help="whether lower or higher --metric is better; required for a metric not known by name")
+    p.add_argument("--report_metric",
+                   help="the metric compare reports (default: test/<name> of --metric when the data have a test "
+                        "split and the model logs it (loss, bpb, acc1), else --metric itself)")
+    p.add_argument("--family", help="the multiple-comparison family of this sweep's comparisons (default: "
+                                    "the sweep id); sweeps naming one family are corrected together")
+    p.add_argument("--equivalence_margin", type=float, default=None, metavar="M",
+                   help="test parity claims as equivalence within +-M of the baseline (two one-sided tests)")
+    p.add_argument("--equivalent", action="append", default=[], metavar="LABEL",
+                   help="a variant whose claim is parity (with --equivalence_margin; default: every variant "
+                        "but the baseline)")
+    p.add_argument("--new_sweep", action="store_true",
+                   help="start a new sweep even though one of this command exists with other inputs (recipe, "
+                        "config files or code commit changed)")
     p.add_argument("--experiment", help="MLflow experiment (default: sweep-<recipe name>)")
     p.add_argument("--tracking_uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once on this machine (local launch)")
@@ -83,7 +118,30 @@ def option_value(args: list[str], key: str) -> str | None:
     return value
 
 
-def build_protocol(a: argparse.Namespace, fit_options: list[str], measure_fn=None) -> tuple[dict, list[Child]]:
+def resolve_mode(metric: str, mode: str | None) -> str:
+    """The direction of ``metric``: as given, or known from its name; an unknown name must be told."""
+    if mode is not None:
+        return mode
+    known = KNOWN_MODES.get(metric.rsplit("/", 1)[-1].lower())
+    if known is None:
+        raise UserInputError(f"--metric {metric} is not a metric known by name; say whether lower or higher is "
+                             "better with --mode min or --mode max")
+    return known
+
+
+def default_report_metric(metric: str, has_test_split: bool) -> str:
+    prefix, _, name = metric.rpartition("/")
+    if has_test_split and prefix == "val" and name in TEST_METRICS:
+        return f"test/{name}"
+    return metric
+
+
+def build_protocol(a: argparse.Namespace, fit_options: list[str],
+                   measure_fn=None) -> tuple[dict, list[Variant], Tuning | None]:
+    """The protocol of the sweep this command describes, before the store is read (seeds: ``--seeds``).
+
+    ``core`` holds what the runs are (its hash finds the sweep again); the rest is checked on resume.
+    """
     recipe_path = Path(a.config).resolve()
     if not recipe_path.is_file():
         raise UserInputError(f"recipe {a.config} not found; pass --config recipes/<name>.yaml")
@@ -94,43 +152,76 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str], measure_fn=Non
                              "(see `python cli.py sweep --help`)")
     if a.seeds < 1:
         raise UserInputError(f"--seeds must be at least 1, got {a.seeds}")
+    if a.add_seeds < 0:
+        raise UserInputError(f"--add_seeds must be at least 0, got {a.add_seeds}")
     if a.parallel < 1:
         raise UserInputError(f"--parallel must be at least 1, got {a.parallel}")
+    mode = resolve_mode(a.metric, a.mode)
     variants = build_variants(a.vary, a.variant)
     baseline = find_baseline(variants, a.baseline)
     base = a.seed_base if a.seed_base is not None else recipe.get("seed_everything")
     base = base if isinstance(base, int) and not isinstance(base, bool) else 0
-    seeds = [base + i for i in range(a.seeds)]
+    seeds = [base + i for i in range(a.seeds + a.add_seeds)]
     steps = option_value(fit_options, "trainer.max_steps") or (recipe.get("trainer") or {}).get("max_steps")
     steps = int(steps) if steps not in (None, -1, "-1") else None
-    tuning = None
-    if a.tune:
-        key, values = parse_values(a.tune, "--tune")
-        if any(key in v.overrides for v in variants):
-            raise UserInputError(f"{key} is both varied and tuned; tune it or vary it")
-        if len(values) < 2:
-            raise UserInputError(f"--tune {a.tune} has one value: nothing to pick from; give two or more")
-        if a.tune_steps is not None and a.tune_steps < 1:
-            raise UserInputError(f"--tune_steps must be at least 1, got {a.tune_steps}")
-        short = a.tune_steps if a.tune_steps is not None and a.tune_steps != steps else None
-        tuning = Tuning(key, values, short, seeds[0], reuse_seed_run=short is None)
-    elif a.tune_steps is not None:
-        raise UserInputError("--tune_steps needs --tune KEY=A,B,C")
-    proto = {
-        "recipe": str(recipe_path),
-        "recipe_sha1": hashlib.sha1(recipe_path.read_bytes()).hexdigest(),
-        "variants": [{"label": v.label, "overrides": v.overrides} for v in variants],
-        "baseline": baseline.label, "seeds": seeds, "metric": a.metric, "mode": P.metric_mode(a.metric),
-        "tune": None if tuning is None else {"key": tuning.key, "values": tuning.values, "steps": tuning.steps,
-                                             "seed": tuning.seed, "reuse_seed_run": tuning.reuse_seed_run,
-                                             "rule": tuning.rule},
-        "fit_args": fit_options, "steps": steps,
-    }
+    tuning = _tuning(a, seeds, base, steps, variants)
+    equivalence = None
+    labels = [v.label for v in variants]
+    if a.equivalence_margin is not None:
+        if not a.equivalence_margin > 0:
+            raise UserInputError(f"--equivalence_margin must be positive, got {a.equivalence_margin}")
+        unknown = [e for e in a.equivalent if e not in labels]
+        if unknown:
+            raise UserInputError(f"--equivalent {unknown[0]} is not a variant; use one of: {', '.join(labels)}")
+        parity = a.equivalent or [v for v in labels if v != baseline.label]
+        equivalence = {"margin": a.equivalence_margin, "variants": parity}
+    elif a.equivalent:
+        raise UserInputError("--equivalent needs --equivalence_margin M (the margin of the parity claim)")
+    tune = None
+    if tuning is not None:
+        tune = {"key": tuning.key, "values": tuning.values, "steps": tuning.steps, "seed": tuning.seed,
+                "reuse_seed_run": tuning.reuse_seed_run, "rule": tuning.rule}
+    core = {"recipe": str(recipe_path), "variants": [{"label": v.label, "overrides": v.overrides} for v in variants],
+            "baseline": baseline.label, "seed_base": base, "metric": a.metric, "mode": mode, "tune": tune,
+            "fit_args": fit_options, "steps": steps, "report_metric": a.report_metric}
     rungs = ladder.plan(a, fit_options, str(recipe_path), variants, baseline, measure_fn)
-    if rungs is not None:
-        proto["ladder"] = rungs
-    proto["sweep_id"] = sweep_id(proto)
-    return proto, ladder.expand(build_children(variants, seeds, tuning), rungs)
+    if rungs is not None:  # absent, not null, outside a ladder: the ids of sweeps written before ladders stand
+        core["ladder"] = rungs
+    proto = {**core, "seeds": seeds, "family": a.family, "equivalence": equivalence,
+             "identity": identity(recipe_path, variants)}
+    if tune is not None:
+        proto["tune"] = {**tune, "description": tuning.description}
+    return proto, variants, tuning
+
+
+def _tuning(a: argparse.Namespace, seeds: list[int], base: int, steps: int | None, variants) -> Tuning | None:
+    if not a.tune:
+        for option, given in (("--tune_steps", a.tune_steps is not None), ("--tune_seed", a.tune_seed is not None),
+                              ("--reuse_tuning_run_as_seed", a.reuse_tuning_run_as_seed)):
+            if given:
+                raise UserInputError(f"{option} needs --tune KEY=A,B,C")
+        return None
+    key, values = parse_values(a.tune, "--tune")
+    if any(key in v.overrides for v in variants):
+        raise UserInputError(f"{key} is both varied and tuned; tune it or vary it")
+    if len(values) < 2:
+        raise UserInputError(f"--tune {a.tune} has one value: nothing to pick from; give two or more")
+    if a.tune_steps is not None and a.tune_steps < 1:
+        raise UserInputError(f"--tune_steps must be at least 1, got {a.tune_steps}")
+    short = a.tune_steps if a.tune_steps is not None and a.tune_steps != steps else None
+    if a.reuse_tuning_run_as_seed:
+        if short is not None:
+            raise UserInputError("--reuse_tuning_run_as_seed needs tuning runs at the full budget; drop --tune_steps")
+        if a.tune_seed is not None and a.tune_seed != seeds[0]:
+            raise UserInputError("--reuse_tuning_run_as_seed tunes on the first evaluation seed; drop --tune_seed")
+        return Tuning(key, values, None, seeds[0], reuse_seed_run=True)
+    tune_seed = a.tune_seed if a.tune_seed is not None else (base - 1 if base > 0 else FAR_SEED)
+    if not 0 <= tune_seed <= 2**32 - 1:
+        raise UserInputError(f"--tune_seed must be in [0, 2**32 - 1], got {tune_seed}")
+    if tune_seed in seeds:
+        raise UserInputError(f"--tune_seed {tune_seed} is one of the evaluation seeds {seeds[0]}..{seeds[-1]}; "
+                             "pick a seed outside them (or ask for the old rule with --reuse_tuning_run_as_seed)")
+    return Tuning(key, values, short, tune_seed, reuse_seed_run=False)
 
 
 def main(argv: list[str]) -> int:
@@ -146,62 +237,191 @@ def main(argv: list[str]) -> int:
         return 130
 
 
+class Stopped(KeyboardInterrupt):
+    """The sweep process got SIGTERM or SIGHUP: stop its runs, end the parent KILLED."""
+
+
+def _stop_on_signal(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
+def _resume(client, parent, proto: dict, a: argparse.Namespace) -> tuple[dict, list[int]]:
+    """The stored protocol of the sweep being resumed, checked against this command's (one line if refused)."""
+    from lit.sweep.ownership import describe_owner, owner_alive
+    from lit.sweep.store import read_protocol
+
+    stored = read_protocol(client, parent.info.run_id)
+    name = f"sweep {stored['sweep_id']}"
+    if parent.info.status == "RUNNING" and owner_alive(parent.data.tags):
+        raise UserInputError(f"{name} is already running: {describe_owner(parent.data.tags)}; wait for it to end "
+                             "(or stop that process), then rerun this command to resume")
+    changed = changes(stored.get("identity"), proto["identity"])
+    if (proto["family"] or stored["sweep_id"]) != stored.get("family"):
+        changed.append("--family")
+    if proto["equivalence"] != stored.get("equivalence"):
+        changed.append("--equivalence_margin/--equivalent")
+    if changed:
+        raise UserInputError(f"{name} was started with other inputs: {', '.join(changed)} changed since; pass "
+                             "--new_sweep to start a new sweep, or restore them to resume it")
+    have, want = stored["seeds"], proto["seeds"]
+    if want != have[:len(want)] and have != want[:len(have)]:
+        raise UserInputError(f"{name} runs seeds {have[0]}..{have[-1]}; these seeds do not extend them")
+    if len(want) < len(have):
+        raise UserInputError(f"{name} has {len(have)} seeds ({have[0]}..{have[-1]}); rerun with --seeds "
+                             f"{len(have)} (or --seeds {a.seeds} --add_seeds {len(have) - a.seeds}) to resume it")
+    if len(want) > len(have) and not a.add_seeds:
+        raise UserInputError(f"{name} has {len(have)} seeds; to extend it, say so: --seeds {len(have)} "
+                             f"--add_seeds {len(want) - len(have)}")
+    if stored.get("tune") and stored["tune"]["seed"] in want:
+        raise UserInputError(f"seed {stored['tune']['seed']} is {name}'s tuning seed; it cannot also be an "
+                             "evaluation seed (pass --tune_seed elsewhere with --new_sweep)")
+    return {**stored, "seeds": want}, have
+
+
 def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int:
     from mlflow import MlflowClient
 
-    from lit.sweep.store import child_runs, find_or_create_parent, finished_by_key, mark_stale_runs
+    from lit.sweep.ownership import describe_owner, owner_tags
+    from lit.sweep.store import (
+        child_runs,
+        create_parent,
+        done_by_key,
+        experiment_id_for,
+        find_parent,
+        parents_in_lineage,
+        settle_unfinished_runs,
+        write_protocol,
+    )
     from lit.tracking.uri import resolve_tracking_uri, sqlite_creation_lock
 
-    proto, children = build_protocol(a, fit_options)
+    proto, variants, tuning = build_protocol(a, fit_options)
+    core = {k: proto[k] for k in CORE_FIELDS if k in proto}
+    core["tune"] = None if proto["tune"] is None else {k: v for k, v in proto["tune"].items() if k != "description"}
+    lineage = sweep_id(core)
     experiment = a.experiment or f"sweep-{Path(a.config).stem}"
     uri = resolve_tracking_uri(a.tracking_uri)
-    out = Path(a.out or Path("sweeps") / proto["sweep_id"][:8]).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     with sqlite_creation_lock(uri):
         client = MlflowClient(uri)
-        parent_id, existed = find_or_create_parent(client, experiment, proto)
-    manifest = {"protocol": proto, "experiment": experiment, "tracking_uri": uri, "parent_run_id": parent_id,
-                "recipe": proto["recipe"], "fit_args": fit_options, "save_dir": str(out / "runs"),
+        experiment_id = experiment_id_for(client, experiment, create=True)
+    parent = find_parent(client, experiment_id, lineage)
+    if parent is not None and not a.new_sweep:
+        proto, stored_seeds = _resume(client, parent, proto, a)
+        extended = len(proto["seeds"]) > len(stored_seeds)
+    else:
+        if a.add_seeds:
+            raise UserInputError("--add_seeds extends an existing sweep, and none matches this command; run it "
+                                 "without --add_seeds (and with --seeds N) to start one")
+        if parent is not None and parent.info.status == "RUNNING":
+            from lit.sweep.ownership import owner_alive
+
+            if owner_alive(parent.data.tags):
+                raise UserInputError(f"sweep {parent.data.tags.get(P.SWEEP_ID)} is running "
+                                     f"({describe_owner(parent.data.tags)}); let it end before starting a new one")
+        generation = parents_in_lineage(client, experiment_id, lineage) if parent is not None else 0
+        hashed = {k: v for k, v in proto["identity"].items() if k != "dirty"}
+        proto = {**proto, "sweep_id": sweep_id({**core, "identity": hashed, "generation": generation})}
+        proto["family"] = proto["family"] or proto["sweep_id"]
+        parent, extended, stored_seeds = None, False, []
+    children = ladder.expand(build_children(variants, proto["seeds"], tuning), proto.get("ladder"))
+    runs = child_runs(client, experiment_id, proto["sweep_id"]) if parent is not None else []
+    stale, live = settle_unfinished_runs(client, runs)
+    done = done_by_key(runs)
+    todo = [c for c in children if c.key not in done and c.key not in live]
+    out = Path(a.out or Path("sweeps") / proto["sweep_id"][:8]).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {"protocol": proto, "experiment": experiment, "tracking_uri": uri, "parent_run_id": None,
+                "recipe": proto["recipe"], "fit_args": proto["fit_args"], "save_dir": str(out / "runs"),
                 "children": [c.to_json() for c in children]}
+    # Every variant with runs to do is built once (model, data, trainer) before any compute is spent:
+    # a key or value the recipe rejects ends here, in one line, before a parent run exists.
+    tested = _check_variants(a, manifest, todo if parent is not None else children, out / "logs")
+    if parent is None:
+        if proto["report_metric"] is None:
+            if len(set(tested.values())) > 1:
+                raise UserInputError("some variants' data have a test split and some do not: "
+                                     f"{', '.join(f'{k}: {v}' for k, v in tested.items())}; pass --report_metric")
+            proto["report_metric"] = default_report_metric(proto["metric"], all(tested.values()))
+        missing = [v for v, has in tested.items() if not has]
+        if proto["report_metric"].startswith("test/") and missing:
+            raise UserInputError(f"--report_metric {proto['report_metric']} needs a test split, and the data of "
+                                 f"variant {missing[0]} have none; report on validation (--report_metric "
+                                 f"{proto['metric']}) or use data with a test split")
+        parent_id = create_parent(client, experiment_id, proto, lineage, owner_tags())
+        first = find_parent(client, experiment_id, lineage, oldest=True, sweep=proto["sweep_id"])
+        if first is not None and first.info.run_id != parent_id:  # two commands started it at once
+            client.delete_run(parent_id)
+            raise UserInputError(f"sweep {proto['sweep_id']} was started at the same moment by another command "
+                                 f"({describe_owner(first.data.tags)}); it runs there")
+    else:
+        parent_id = parent.info.run_id
+        client.update_run(parent_id, status="RUNNING")
+        client.log_batch(parent_id, tags=[_tag(k, v) for k, v in owner_tags().items()])
+        if extended:
+            write_protocol(client, parent_id, proto)
+    manifest["parent_run_id"] = parent_id
     manifest_path = out / "manifest.json"
     manifest_path.write_text(json.dumps(manifest, indent=1))
     n_variants, n_tune = len(proto["variants"]), sum(c.phase == "tune" for c in children)
-    print(f"sweep {proto['sweep_id']} ({'resumed' if existed else 'new'}): {n_variants} variants x "
-          f"{len(proto['seeds'])} seeds" + (f", {n_tune} tuning runs" if n_tune else "") +
-          f"; parent run {parent_id} in experiment {experiment!r} ({uri})", flush=True)
+    what = "new" if parent is None else (f"extended from {len(stored_seeds)} seeds" if extended else "resumed")
+    print(f"sweep {proto['sweep_id']} ({what}): {n_variants} variants x {len(proto['seeds'])} seeds"
+          + (f", {n_tune} tuning runs" if n_tune else "") + f"; parent run {parent_id} in experiment "
+          f"{experiment!r} ({uri}); reports {proto['report_metric']}", flush=True)
     if a.launch == "slurm":
         from lit.sweep.slurm import write_scripts
 
         submit = write_scripts(manifest, manifest_path, out, a.sbatch)
+        client.set_tag(parent_id, LAUNCHED, "slurm")
+        client.set_terminated(parent_id, status="FINISHED")  # the launch is done; each child has its own status
         print(f"wrote {manifest_path} and the job arrays; submit with: bash {submit}")
         return 0
-    experiment_id = client.get_run(parent_id).info.experiment_id
-    runs = child_runs(client, experiment_id, proto["sweep_id"])
-    stale = mark_stale_runs(client, runs)
-    done = finished_by_key(runs)
-    todo = [c for c in children if c.key not in done]
     if stale:
-        print(f"{stale} runs left running by an interrupted sweep were marked KILLED and run again", flush=True)
+        print(f"{stale} runs left unfinished by an interrupted sweep were marked KILLED and run again", flush=True)
+    if live:
+        print(f"{len(live)} runs are being run by another process and are left to it: {', '.join(sorted(live))}",
+              flush=True)
     if len(todo) < len(children):
         print(f"{len(children) - len(todo)} runs already finished; {len(todo)} to run", flush=True)
-    code = _run_local(a, manifest, todo, done, out)
-    _log_overhead(client, parent_id, experiment_id, proto["sweep_id"], started, a.parallel)
-    all_done = code == 0
-    client.set_terminated(parent_id, status="FINISHED" if all_done else "FAILED")
-    if all_done:
+    status, code = "FAILED", 1
+    previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = _run_local(a, manifest, todo, done, live, out, client, parent_id)
+        status = "FINISHED" if code == 0 else "FAILED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        try:
+            # A run whose process ended without closing it (stopped while it was being built, or crashed
+            # hard) is not left RUNNING: its owner is gone.
+            settle_unfinished_runs(client, child_runs(client, experiment_id, proto["sweep_id"]))
+            _log_overhead(client, parent_id, experiment_id, proto["sweep_id"], started, a.parallel)
+        finally:
+            client.set_terminated(parent_id, status=status)
+    if code == 0:
         print(f"all runs finished; report: python cli.py compare --experiment {experiment}"
               + (f" --tracking_uri {uri}" if a.tracking_uri else ""))
     return code
 
 
-def _run_local(a, manifest: dict, todo: list[Child], done: dict, out: Path) -> int:
+CORE_FIELDS = ("recipe", "variants", "baseline", "seed_base", "metric", "mode", "tune", "fit_args", "steps",
+               "report_metric", "ladder")
+LAUNCHED = P.PREFIX + "launched"
+
+
+def _tag(key: str, value: str):
+    from mlflow.entities import RunTag
+
+    return RunTag(key, value)
+
+
+def _check_variants(a, manifest: dict, todo: list[Child], log_dir: Path) -> dict[str, bool]:
+    """Build each variant of ``todo`` once, in a fork; returns whether each one's data have a test split."""
     from lit.cli import check_config
-    from lit.sweep.child import fit_args, run_child
+    from lit.sweep.child import fit_args
     from lit.sweep.local import run_children
 
-    log_dir, results = out / "logs", {}
-    # Every variant with runs to do is built once (model, data, trainer) before any compute is spent:
-    # a key or value the recipe rejects ends here, in one line.
     checks, seen = [], set()
     for c in todo:
         if c.variant not in seen:
@@ -210,11 +430,20 @@ def _run_local(a, manifest: dict, todo: list[Child], done: dict, out: Path) -> i
     tune = manifest["protocol"]["tune"]
     first_value = tune["values"][0] if tune else None
     outcomes = run_children(checks, lambda c: _check(check_config, fit_args(manifest, c, first_value)), a.parallel,
-                            log_dir, lambda c: "ready", lambda msg: None, results)
+                            log_dir, lambda c: "ready", lambda msg: None, {})
     for o in outcomes:
-        if o.code != 0:
+        if o.code not in (HAS_TEST_SPLIT, NO_TEST_SPLIT):
             raise UserInputError(f"variant {o.child.variant}: {_error_line(o.log)}")
+    return {o.child.variant: o.code == HAS_TEST_SPLIT for o in outcomes}
 
+
+def _run_local(a, manifest: dict, todo: list[Child], done: dict, live: dict, out: Path, client,
+               parent_id: str) -> int:
+    from lit.sweep.child import ALL_DIVERGED_EXIT, DIVERGED_EXIT, OWNED_ELSEWHERE_EXIT, run_child
+    from lit.sweep.local import run_children
+    from lit.sweep.ownership import BEAT_S, beat_now
+
+    log_dir, results = out / "logs", {}
     tune_keys: dict[str, list[str]] = {}
     for c in manifest["children"]:
         if c["phase"] == "tune":
@@ -223,27 +452,49 @@ def _run_local(a, manifest: dict, todo: list[Child], done: dict, out: Path) -> i
     def gate(child: Child) -> str:
         if child.phase != "seed":
             return "ready"
-        codes = [0 if k in done else results.get(k) for k in tune_keys.get(child.variant, [])]
-        if any(code not in (None, 0) for code in codes):
+        codes = [0 if k in done else (OWNED_ELSEWHERE_EXIT if k in live else results.get(k))
+                 for k in tune_keys.get(child.variant, [])]
+        if any(code not in (None, 0, DIVERGED_EXIT) for code in codes):
             return "blocked"
         return "wait" if None in codes else "ready"
 
-    outcomes = run_children(todo, lambda c: run_child(manifest, c), a.parallel, log_dir, gate,
-                            lambda msg: print(msg, flush=True), results)
-    failed = [o for o in outcomes if o.code != 0]
+    last_beat = [time.monotonic()]
+
+    def tick() -> None:  # the parent's heartbeat, from this loop: this process forks, so it runs no threads
+        if time.monotonic() - last_beat[0] >= BEAT_S:
+            last_beat[0] = time.monotonic()
+            beat_now(client, parent_id)
+
+    def report(msg: str) -> None:
+        print(msg, flush=True)
+
+    outcomes = run_children(todo, lambda c: run_child(manifest, c), a.parallel, log_dir, gate, report, results,
+                            tick=tick)
+    diverged = [o for o in outcomes if o.code == DIVERGED_EXIT]
+    skipped = sorted({o.child.variant for o in outcomes if o.code == ALL_DIVERGED_EXIT})
+    if diverged:
+        print(f"{len(diverged)} runs diverged (recorded as such, not rerun): "
+              f"{', '.join(o.child.key for o in diverged)}")
+    for variant in skipped:
+        print(f"variant {variant}: every tuning value diverged; its seeds were not run")
+    failed = [o for o in outcomes if o.code not in (0, DIVERGED_EXIT, ALL_DIVERGED_EXIT)]
     for o in failed:
-        why = "not started: its tuning failed" if o.code == -1 else _error_line(o.log)
+        why = ("not started: its tuning did not finish here" if o.code == -1 else
+               "another process started it first" if o.code == OWNED_ELSEWHERE_EXIT else _error_line(o.log))
         print(f"failed: {o.child.key}: {why}", file=sys.stderr)
     user_errors = [o for o in failed if o.code == 2]
     if user_errors:
         raise UserInputError(f"run {user_errors[0].child.key} failed: {_error_line(user_errors[0].log)} "
                              "(finished runs are kept; fix it and rerun the same command)")
-    return 1 if failed else 0
+    return 1 if failed or live else 0
+
+
+HAS_TEST_SPLIT, NO_TEST_SPLIT = 0, 4  # exit codes of a variant's check
 
 
 def _check(check_config, args: list[str]) -> int:
-    check_config(args[1:])  # without the subcommand: build, do not run
-    return 0
+    cli = check_config(args[1:])  # without the subcommand: build, do not run
+    return HAS_TEST_SPLIT if getattr(cli.datamodule, "has_test_split", False) else NO_TEST_SPLIT
 
 
 def _error_line(log: Path | None) -> str:

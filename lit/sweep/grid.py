@@ -6,11 +6,12 @@ options multiply into a grid; each ``--variant KEY=V[,KEY=V...]`` adds one expli
 seed; seed i is the init seed and the data-order seed of that run in every variant, so differences pair.
 
 Tuning: for each variant, the tuned key (a learning rate, typically) takes each of the given values on the
-tuning seed (the first seed), the best value on the validation metric is picked, and the seeds run at it.
-When the tuning runs have the full budget, the tuning run at the picked value *is* that variant's first-seed
-run (reused, not rerun): the same rule as tuning on full runs and reporting every seed, at |values| - 1 runs
-fewer per variant. With ``--tune_steps`` shorter than the budget the tuning runs are separate and every
-seed runs after them.
+tuning seed, the best value on the validation metric is picked, and the seeds run at it. By default the
+tuning seed lies outside the evaluation seeds and the tuning runs are never counted among the results
+(rule ``separate_seed``): a result picked as the best of several is biased towards luck. The old rule,
+tuning at the full budget on the first evaluation seed and reusing the picked run as that seed's result
+(``reuse_seed_run``: |values| - 1 runs fewer per variant, a small optimistic bias), is kept for those who
+ask for it by name.
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ class Variant:
     overrides: dict[str, str] = field(default_factory=dict)
 
 
+SEPARATE_SEED, REUSE_SEED_RUN = "separate_seed", "reuse_seed_run"  # the tuning rules
+
+
 @dataclass(frozen=True)
 class Tuning:
     key: str
@@ -114,11 +118,15 @@ class Tuning:
 
     @property
     def rule(self) -> str:
+        return REUSE_SEED_RUN if self.reuse_seed_run else SEPARATE_SEED
+
+    @property
+    def description(self) -> str:
         budget = "the full budget" if self.steps is None else f"{self.steps} steps"
-        reuse = ("; the tuning run at the picked value is reused as that seed's run" if self.reuse_seed_run
-                 else "; every seed then runs at the picked value")
+        what = ("; the tuning run at the picked value is reused as that seed's run" if self.reuse_seed_run
+                else "; the tuning runs are not counted, every evaluation seed runs at the picked value")
         return (f"for each variant, {self.key} in {{{', '.join(self.values)}}} on seed {self.seed} at {budget}; "
-                f"the value with the best final validation metric is picked{reuse}")
+                f"the value with the best final validation metric is picked{what}")
 
 
 def build_variants(vary: list[str], variants: list[str]) -> list[Variant]:
@@ -197,6 +205,6 @@ def build_children(variants: list[Variant], seeds: list[int], tuning: Tuning | N
     return tune_runs + seed_runs
 
 
-def sweep_id(protocol: dict) -> str:
+def sweep_id(core: dict) -> str:
     """A stable id of what a sweep runs: the same command finds its parent run again (resume)."""
-    return hashlib.sha1(json.dumps(protocol, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha1(json.dumps(core, sort_keys=True).encode()).hexdigest()[:16]

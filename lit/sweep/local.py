@@ -22,13 +22,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lit.sweep.child import ALL_DIVERGED_EXIT, DIVERGED_EXIT, OWNED_ELSEWHERE_EXIT
 from lit.sweep.grid import Child
+
+POLL_S = 0.2  # how often the sweep looks for ended children (and beats)
+ENDED = {0: "done", DIVERGED_EXIT: "diverged", ALL_DIVERGED_EXIT: "not run (every tuning value diverged)",
+         OWNED_ELSEWHERE_EXIT: "left to its other owner"}
 
 
 @dataclass
 class Outcome:
     child: Child
-    code: int  # 0 done, 2 user error, other: a crash; -1 not started (its tuning failed)
+    code: int  # 0 done, 2 user error, other: see lit/sweep/child.py; -1 not started (its tuning failed)
     seconds: float
     log: Path | None
 
@@ -50,6 +55,8 @@ def after_fork(threads: int, log_path: Path) -> None:
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # the sweep's own handlers are not the run's
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _fork(run: Callable[[], int], threads: int, log_path: Path) -> int:
@@ -78,13 +85,14 @@ def _fork(run: Callable[[], int], threads: int, log_path: Path) -> int:
 
 def run_children(children: list[Child], run: Callable[[Child], int], parallel: int, log_dir: Path,
                  gate: Callable[[Child], str], report: Callable[[str], None],
-                 results: dict[str, int]) -> list[Outcome]:
+                 results: dict[str, int], tick: Callable[[], None] | None = None) -> list[Outcome]:
     """Run ``children`` in order, ``parallel`` at a time, each in a forked process.
 
     Each child's exit code is recorded in ``results`` (by key) as it ends. ``gate(child)`` says whether a
     child may start: "ready", "wait" (something it needs is still running) or "blocked" (something it
     needs failed). A child whose run exits 2 (a user error, such as a value the recipe rejects) stops the
-    sweep from starting others: the rest would fail the same way.
+    sweep from starting others: the rest would fail the same way. ``tick()`` is called about every
+    ``POLL_S`` seconds while children run (the sweep's heartbeat).
     """
     threads = max(1, (os.cpu_count() or 1) // parallel)
     pending, running, outcomes = list(children), {}, []
@@ -109,14 +117,19 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
                 if stop or not pending:
                     break
                 raise RuntimeError(f"no child can start: {[c.key for c in pending]}")  # a bug in the gate
-            pid, status = os.waitpid(-1, 0)
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                if tick is not None:
+                    tick()
+                time.sleep(POLL_S)
+                continue
             if pid not in running:
                 continue
             child, started, log = running.pop(pid)
             code = os.waitstatus_to_exitcode(status)
             outcomes.append(Outcome(child, code, time.monotonic() - started, log))
             results[child.key] = code
-            report(f"{'done' if code == 0 else f'FAILED (exit {code})'} {child.key} "
+            report(f"{ENDED.get(code, f'FAILED (exit {code})')} {child.key} "
                    f"in {time.monotonic() - started:.0f} s")
             if code == 2:
                 stop = True

@@ -22,7 +22,7 @@ Child run (one per (variant, seed), plus the tuning runs); ``mlflow.parentRunId`
     metrics  what training logs: ``val/loss``, ``val/bpb`` (text), ``val/acc1`` (images), ``train/loss``,
              ``train/tokens_per_s`` or ``train/images_per_s``, ``model/parameters``, ``train/items_per_step``
 
-A child run is done when its MLflow status is FINISHED; re-running the same sweep skips those.
+A child run is done when it has an outcome (below); re-running the same sweep skips those.
 
 Protocol fields added with divergence, held-out reporting and families (readers must accept their absence in
 sweeps written before them, and then fall back to the old behaviour, saying so in the report):
@@ -39,6 +39,13 @@ sweeps written before them, and then fall back to the old behaviour, saying so i
 Child tags added: ``OUTCOME`` (``"finished"`` or ``"diverged"``) and, on a diverged run, ``DIVERGED_STEP`` (the
 first step whose loss was non-finite; the metrics up to the last finite step are kept). A diverged run ends with
 MLflow status FAILED and ``OUTCOME = "diverged"``; any other FAILED run is a crash.
+
+Written by the sweep beside those: ``"seed_base"`` (the first seed; ``--add_seeds`` appends seeds after the
+last one and rewrites ``protocol.json``), ``"tune"."description"`` (the rule in words). A tuned variant whose
+tuning runs are all ``OUTCOME = "diverged"`` is diverged at every value: its seed runs are never created.
+A child is done (never rerun) when it is FINISHED with ``OUTCOME = "finished"`` or FAILED with
+``OUTCOME = "diverged"``; a FINISHED run without ``OUTCOME`` was stopped before its test and is marked
+KILLED when the sweep resumes. Owner and heartbeat tags: ``lit/sweep/ownership.py``.
 
 Ladder sweeps (``--ladder``) add the protocol field ``"ladder"``: ``{"rungs": [{"index", "label", "overrides",
 "parameters", "flops_per_token", "tokens", "steps", "compute"}], "tokens_per_param", "lr": "fixed"|"transfer",

@@ -2,7 +2,8 @@
 
 The store is the only state a sweep has (``protocol.py`` says how it is laid out), so a local sweep, a
 rerun after a crash and a SLURM job array all see the same thing: a child is done when one of its runs
-is FINISHED; the tuned value of a variant is recomputed from its finished tuning runs whenever asked.
+has an outcome (FINISHED and tagged finished, or FAILED and tagged diverged); the tuned value of a variant
+is recomputed from its done tuning runs whenever asked.
 """
 
 from __future__ import annotations
@@ -22,29 +23,51 @@ from lit.tracking.names import TRAINING_EXPERIMENT
 PAGE = 1000  # runs per search request
 
 
-def find_or_create_parent(client: MlflowClient, experiment: str, proto: dict) -> tuple[str, bool]:
-    """The sweep's parent run (created with its protocol if new); returns (run id, existed)."""
-    experiment_id = experiment_id_for(client, experiment, create=True)
-    found = client.search_runs([experiment_id], f"tags.`{P.SWEEP_ID}` = '{proto['sweep_id']}' and "
-                                                f"tags.`{P.ROLE}` = '{P.PARENT}'",
-                               order_by=["attributes.start_time DESC"], max_results=1)
-    if found:
-        run_id = found[0].info.run_id
-        client.update_run(run_id, status="RUNNING")
-        return run_id, True
+LINEAGE = P.PREFIX + "lineage"  # on the parent: the hash of what the sweep runs, shared by its restarts
+
+
+def find_parent(client: MlflowClient, experiment_id: str, lineage: str, oldest: bool = False,
+                sweep: str | None = None) -> Run | None:
+    """The newest parent run of a sweep (``--new_sweep`` starts another one in the same lineage); with
+    ``oldest``, the first one created (of the sweep id ``sweep``, if given)."""
+    query = f"tags.`{LINEAGE}` = '{lineage}' and tags.`{P.ROLE}` = '{P.PARENT}'"
+    if sweep is not None:
+        query += f" and tags.`{P.SWEEP_ID}` = '{sweep}'"
+    found = client.search_runs([experiment_id], query, max_results=1,
+                               order_by=[f"attributes.start_time {'ASC' if oldest else 'DESC'}"])
+    return found[0] if found else None
+
+
+def parents_in_lineage(client: MlflowClient, experiment_id: str, lineage: str) -> int:
+    return len(search_all_runs(client, experiment_id, f"tags.`{LINEAGE}` = '{lineage}' and "
+                                                      f"tags.`{P.ROLE}` = '{P.PARENT}'"))
+
+
+def create_parent(client: MlflowClient, experiment_id: str, proto: dict, lineage: str, tags: dict) -> str:
+    """A new parent run holding the protocol; returns its id."""
     run = client.create_run(experiment_id, run_name=f"sweep {proto['sweep_id'][:8]}",
-                            tags={P.ROLE: P.PARENT, P.SWEEP_ID: proto["sweep_id"]})
+                            tags={P.ROLE: P.PARENT, P.SWEEP_ID: proto["sweep_id"], LINEAGE: lineage, **tags})
     run_id = run.info.run_id
+    write_protocol(client, run_id, proto)
+    client.log_param(run_id, "sweep.recipe", proto["recipe"])
+    client.log_param(run_id, "sweep.variants", ", ".join(v["label"] for v in proto["variants"])[:6000])
+    client.log_param(run_id, "sweep.metric", proto["metric"])
+    client.log_param(run_id, "sweep.report_metric", proto["report_metric"])
+    client.log_param(run_id, "sweep.tuning", proto["tune"]["description"] if proto["tune"] else "none")
+    return run_id
+
+
+def write_protocol(client: MlflowClient, run_id: str, proto: dict) -> None:
+    """(Re)write the parent's protocol artifact: ``--add_seeds`` extends its seeds."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / P.PROTOCOL_FILE
         path.write_text(json.dumps(proto, indent=1))
         client.log_artifact(run_id, str(path))
-    client.log_param(run_id, "sweep.recipe", proto["recipe"])
-    client.log_param(run_id, "sweep.variants", ", ".join(v["label"] for v in proto["variants"])[:6000])
-    client.log_param(run_id, "sweep.seeds", ",".join(map(str, proto["seeds"])))
-    client.log_param(run_id, "sweep.metric", proto["metric"])
-    client.log_param(run_id, "sweep.tuning", proto["tune"]["rule"] if proto["tune"] else "none")
-    return run_id, False
+
+
+def read_protocol(client: MlflowClient, run_id: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        return json.loads(Path(client.download_artifacts(run_id, P.PROTOCOL_FILE, tmp)).read_text())
 
 
 def experiment_id_for(client: MlflowClient, name: str, create: bool = False) -> str:
@@ -75,22 +98,41 @@ def child_runs(client: MlflowClient, experiment_id: str, sweep: str) -> list[Run
     return search_all_runs(client, experiment_id, f"tags.`{P.SWEEP_ID}` = '{sweep}' and tags.`{P.ROLE}` = '{P.CHILD}'")
 
 
-def finished_by_key(runs: list[Run]) -> dict[str, Run]:
-    """The latest FINISHED run of each child key."""
+def outcome(run: Run) -> str | None:
+    """``"finished"`` or ``"diverged"`` for a child that is done, None for one that is not (running, crashed,
+    killed, or killed after training but before it was tagged: it runs again)."""
+    tag = run.data.tags.get(P.OUTCOME)
+    if run.info.status == "FINISHED" and tag == P.FINISHED_OUTCOME:
+        return P.FINISHED_OUTCOME
+    if run.info.status == "FAILED" and tag == P.DIVERGED_OUTCOME:
+        return P.DIVERGED_OUTCOME
+    return None
+
+
+def done_by_key(runs: list[Run]) -> dict[str, Run]:
+    """The latest done run (finished, or diverged: an outcome too, never rerun) of each child key."""
     done: dict[str, Run] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time):
-        if run.info.status == "FINISHED":
+        if outcome(run) is not None:
             done[run.data.tags.get(P.CHILD_KEY, "")] = run
     return done
 
 
-def mark_stale_runs(client: MlflowClient, runs: list[Run]) -> int:
-    """Runs left RUNNING by a sweep that was killed are marked KILLED (they are rerun). Only safe when no
-    other process of this sweep is running, which is what a local sweep assumes."""
-    stale = [r for r in runs if r.info.status == "RUNNING"]
-    for run in stale:
+def settle_unfinished_runs(client: MlflowClient, runs: list[Run]) -> tuple[int, dict[str, Run]]:
+    """Unfinished runs whose owner is gone are marked KILLED (their children run again); returns how many,
+    and the live ones by child key (another process is running them: they must not run twice)."""
+    from lit.sweep.ownership import owner_alive
+
+    stale, live = 0, {}
+    for run in runs:
+        if outcome(run) is not None or run.info.status not in ("RUNNING", "FINISHED"):
+            continue
+        if run.info.status == "RUNNING" and owner_alive(run.data.tags):
+            live[run.data.tags.get(P.CHILD_KEY, "")] = run
+            continue
         client.set_terminated(run.info.run_id, status=RunStatus.to_string(RunStatus.KILLED))
-    return len(stale)
+        stale += 1
+    return stale, live
 
 
 def final_metric(client: MlflowClient, run: Run, metric: str) -> float:
@@ -114,25 +156,37 @@ def same_value(stored: str | None, given: str) -> bool:
         return False
 
 
-def pick_tuned_value(client: MlflowClient, experiment_id: str, sweep: str, variant: str, values: list[str],
-                     metric: str) -> tuple[str, Run]:
-    """The tuning value with the best final ``metric`` among the variant's finished tuning runs.
+class AllTuningDiverged(Exception):
+    """Every tuning value of a variant diverged: the variant is diverged at every value, its seeds never run."""
 
-    Every value must have finished: a pick among some of them would depend on which ran first. Ties (and
-    NaN, a diverged run) go to the earlier value in the list, so the pick is deterministic.
+
+def pick_tuned_value(client: MlflowClient, experiment_id: str, sweep: str, variant: str, values: list[str],
+                     metric: str, mode: str) -> tuple[str, Run]:
+    """The tuning value with the best final ``metric`` among the variant's tuning runs that did not diverge.
+
+    Every value must be done (finished or diverged): a pick among some of them would depend on which ran
+    first. A diverged run, or one whose final metric is not a number, is never picked; ties go to the
+    earlier value in the list, so the pick is deterministic. Raises ``AllTuningDiverged`` when no value is left.
     """
-    done = finished_by_key([r for r in child_runs(client, experiment_id, sweep)
-                            if r.data.tags.get(P.VARIANT) == variant and r.data.tags.get(P.PHASE) == P.TUNE_PHASE])
+    done = done_by_key([r for r in child_runs(client, experiment_id, sweep)
+                        if r.data.tags.get(P.VARIANT) == variant and r.data.tags.get(P.PHASE) == P.TUNE_PHASE])
     by_value = {v: r for r in done.values() for v in values if same_value(r.data.tags.get(P.TUNE_VALUE), v)}
     missing = [v for v in values if v not in by_value]
     if missing:
         raise UserInputError(f"tuning of variant {variant} has not finished for {', '.join(missing)}; "
                              "run (or rerun) its tuning runs first")
-    sign = -1.0 if P.metric_mode(metric) == "max" else 1.0
-    scores = [(sign * final_metric(client, by_value[v], metric), i, v) for i, v in enumerate(values)]
-    finite = [s for s in scores if not math.isnan(s[0])]
-    if not finite:
-        raise UserInputError(f"every tuning run of variant {variant} ended without a finite {metric}; "
-                             "widen the tuning values (lower learning rates) or check the runs")
-    _, _, best = min(finite)
+    results = {v: (outcome(by_value[v]) == P.DIVERGED_OUTCOME, final_metric(client, by_value[v], metric))
+               for v in values}
+    best = best_value(values, results, mode, variant)
     return best, by_value[best]
+
+
+def best_value(values: list[str], results: dict[str, tuple[bool, float]], mode: str, variant: str) -> str:
+    """The pick among ``values`` given (diverged, final metric) of each: pure, so its rule is tested alone."""
+    sign = -1.0 if mode == "max" else 1.0
+    scores = [(sign * results[v][1], i, v) for i, v in enumerate(values)
+              if not results[v][0] and not math.isnan(results[v][1])]
+    if not scores:
+        raise AllTuningDiverged(f"every tuning value of variant {variant} diverged (or ended without a finite "
+                                "metric); its seeds are not run")
+    return min(scores)[2]
