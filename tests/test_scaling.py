@@ -145,11 +145,20 @@ def fake_measure(args_by_rung):
 LADDER = "d_model=32,n_heads=2;d_model=48,n_heads=2;d_model=64,n_heads=2,tokens=3e6"
 
 
-def test_ladder_plan_sizes_rungs_and_expands_children():
+def plan_ladder(*extra):
+    """The protocol (with the ladder in it) and the children ``cli.py sweep`` would run, sized by ``fake_measure``."""
+    from lit.sweep import ladder
     from lit.sweep.command import build_protocol
+    from lit.sweep.grid import build_children
 
-    a, fit = sweep_args("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr_check", "baseline")
-    proto, children = build_protocol(a, fit, measure_fn=fake_measure)
+    a, fit = sweep_args(*extra)
+    proto, variants, tuning = build_protocol(a, fit, measure_fn=fake_measure)
+    proto["sweep_id"] = "s"
+    return proto, ladder.expand(build_children(variants, proto["seeds"], tuning), proto.get("ladder")), fit
+
+
+def test_ladder_plan_sizes_rungs_and_expands_children():
+    proto, children, _ = plan_ladder("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr_check", "baseline")
     rungs = proto["ladder"]["rungs"]
     assert [r["parameters"] for r in rungs] == [12 * 32 ** 2, 12 * 48 ** 2, 12 * 64 ** 2]
     # 20 tokens per parameter in whole logging intervals (the recipe logs every 10 steps); the last rung's own budget
@@ -169,10 +178,8 @@ def test_ladder_plan_sizes_rungs_and_expands_children():
 
 def test_ladder_child_runs_carry_rung_tags():
     from lit.sweep.child import fit_args
-    from lit.sweep.command import build_protocol
 
-    a, fit = sweep_args("--ladder", LADDER, "--tokens_per_param", "20")
-    proto, children = build_protocol(a, fit, measure_fn=fake_measure)
+    proto, children, fit = plan_ladder("--ladder", LADDER, "--tokens_per_param", "20")
     manifest = {"protocol": proto, "parent_run_id": "p", "recipe": proto["recipe"], "fit_args": fit,
                 "experiment": "e", "tracking_uri": "sqlite:///x.db", "save_dir": "runs"}
     child = next(c for c in children if c.rung == 1 and c.phase == "seed")
@@ -194,11 +201,8 @@ def test_ladder_child_runs_carry_rung_tags():
     (("--ladder", LADDER, "--tokens_per_param", "20", "--tune", "model.init_args.lr=1e-3,3e-3"), "--tune with"),
 ])
 def test_ladder_mistakes_are_one_line_errors(extra, message):
-    from lit.sweep.command import build_protocol
-
-    a, fit = sweep_args(*extra)
     with pytest.raises(UserInputError, match=message):
-        build_protocol(a, fit, measure_fn=fake_measure)
+        plan_ladder(*extra)
 
 
 def test_ladder_file_syntax(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from lit.compare.ladder_runs import LadderSweep
 from lit.compare.scaling import (
@@ -29,6 +30,7 @@ from lit.compare.scaling import (
 
 LOSS_FIGURE, MULTIPLIER_FIGURE = "scaling_loss.png", "scaling_multiplier.png"
 DPI = 120
+PLAIN = FuncFormatter(lambda y, _: f"{y:.3g}")  # a log y axis labelled 2.1, not 2.1 x 10^0
 EXTRAPOLATION_LIMIT = 10.0  # a target beyond 10x the largest rung is refused: the law was never checked there
 INJECTED = 1.25  # the multiplier the calibration injects
 
@@ -220,6 +222,8 @@ def draw_scaling(a: ScalingAnalysis, out: Path) -> list[str]:
         ax.fill_between(grid, curve[v] * np.exp(-half[v]), curve[v] * np.exp(half[v]), color=colors[v], alpha=0.15)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(PLAIN)
+    ax.yaxis.set_minor_formatter(PLAIN)
     ax.set_xlabel("training compute (FLOPs)")
     ax.set_ylabel(a.sweep.metric)
     ax.set_title(f"L = E + A C^-alpha, E = {float(a.laws.E):.3f}; bands: {a.confidence:.0%}")
@@ -239,6 +243,8 @@ def draw_scaling(a: ScalingAnalysis, out: Path) -> list[str]:
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(PLAIN)
+    ax.yaxis.set_minor_formatter(PLAIN)
     ax.set_xlabel("training compute (FLOPs)")
     ax.set_ylabel("effective-compute multiplier vs " + ladder.variants[0])
     ax.set_title(f"per rung (circles) and at the target (squares), {a.confidence:.0%} intervals")
