@@ -268,10 +268,13 @@ def log_ladder(client, experiment_id, sweep_id, rungs, rng, ladder=True, childre
 
 
 @pytest.fixture(scope="module")
-def ladder_store(tmp_path_factory):
+def ladder_store(tmp_path_factory, empty_store):
+    import shutil
+
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("ladder")
+    shutil.copyfile(empty_store, root / "mlflow.db")  # an initialised store: no schema migrations to run
     uri = f"sqlite:///{root / 'mlflow.db'}"
     client = MlflowClient(uri)
     rng = np.random.default_rng(7)
