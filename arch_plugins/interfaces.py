@@ -1,4 +1,4 @@
-"""The three plugin kinds and the contract each one signs with the transformer block.
+"""The plugin kinds and the contract each one signs with the transformer block.
 
 The block calls every hook below unconditionally; a plugin returns ``None`` (identity) where it does
 not act. That is what lets the block name no plugin: a new component is a new subclass here, never a
@@ -286,9 +286,26 @@ class Concat(nn.Module):
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
 
+class OptimizerType:
+    """Builds the torch optimizer of a model from its parameters' declared roles (``--model.optimizer``).
+
+    Options (``--model.optimizer_options``) are the constructor's keyword arguments. ``build`` receives the
+    task's peak ``lr``, ``weight_decay`` and AdamW ``betas``, and ``scales``: a parametrization's per-parameter
+    ``(lr multiplier, weight-decay multiplier)`` for a ``ParameterRole`` (``arch_plugins.declarations``), or
+    None (all 1). It returns one ``torch.optim.Optimizer`` whose param groups each carry ``lr_ratio``: the group's
+    learning rate over the task's ``lr``, so the learning-rate schedule and the logged ``train/lr`` stay the
+    task's. Groups are routed by role, never by parameter name or shape (``arch_plugins/optimizers``).
+    """
+
+    def build(self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
+              scales=None) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+
 # The interface each entry-point group's plugins must implement.
 KIND_INTERFACES: dict[str, type] = {
     "norm": NormStrategy,
     "residual": ResidualType,
     "projection": ProjectionType,
+    "optimizer": OptimizerType,
 }

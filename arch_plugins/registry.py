@@ -20,7 +20,7 @@ from typing import Any
 GROUP_PREFIX = "arch_plugins."
 # The kinds by name, without their interfaces (arch_plugins.interfaces.KIND_INTERFACES, which imports torch):
 # listing what is installed reads metadata only and stays fast.
-KINDS = ("norm", "residual", "projection")
+KINDS = ("norm", "residual", "projection", "optimizer")
 
 
 class PluginError(Exception):

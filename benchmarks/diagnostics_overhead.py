@@ -92,17 +92,24 @@ def fit_once(interval: int, steps: int, data: TextDataModule, folder: Path) -> S
     return times
 
 
-def probe_seconds(data: TextDataModule, repeats: int) -> float:
+def probe_seconds(data: TextDataModule, repeats: int) -> tuple[float, float, float]:
+    """Probe forwards with every probed group and with stream and attention only, interleaved in rotating order so
+    that machine noise hits both alike: (median all, median stream+attention, median of the paired differences)."""
     torch.manual_seed(0)
     model = LanguageModel(vocab_size=data.vocab_size, block_size=BLOCK, arch=TransformerConfig(**ARCH))
     idx = torch.randint(0, data.vocab_size, (DiagnosticsConfig().probe_batch_size, BLOCK))
-    probe(model, idx, stream=True, attention=True)  # untimed: first-call costs
-    seconds = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        probe(model, idx, stream=True, attention=True)
-        seconds.append(time.perf_counter() - began)
-    return statistics.median(seconds)
+    kinds = {"all": dict(stream=True, attention=True, outliers=True, contribution=True),
+             "old": dict(stream=True, attention=True)}
+    for groups in kinds.values():
+        probe(model, idx, **groups)  # untimed: first-call costs
+    seconds: dict[str, list[float]] = {"all": [], "old": []}
+    for r in range(repeats):
+        for name in (list(kinds) if r % 2 == 0 else list(reversed(kinds))):
+            began = time.perf_counter()
+            probe(model, idx, **kinds[name])
+            seconds[name].append(time.perf_counter() - began)
+    differences = [a - o for a, o in zip(seconds["all"], seconds["old"], strict=True)]
+    return statistics.median(seconds["all"]), statistics.median(seconds["old"]), statistics.median(differences)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -120,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     seconds: dict[str, list[float]] = {"off": [], "on": []}
     record_extra: list[float] = []
     inside: list[dict[int, float]] = []  # per "on" fit: seconds inside the callback per step
+    on_step_times: list[list[float]] = []
     records = list(range(args.interval, args.steps + 1, args.interval))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -135,17 +143,20 @@ def main(argv: list[str] | None = None) -> dict:
                 seconds[name].append(statistics.fmean(steps.values()))
                 if name == "on":
                     median = statistics.median(steps.values())
+                    on_step_times.append(list(steps.values()))
                     record_extra += [steps[s] - median for s in records]
                     inside.append({s: hooks.seconds.get(s, 0.0) for s in steps})
             print(f"round {r + 1}/{args.rounds}: off {1e3 * seconds['off'][-1]:.1f} ms/step, "
                   f"on {1e3 * seconds['on'][-1]:.1f} ms/step", flush=True)
     ratios = [on / off for on, off in zip(seconds["on"], seconds["off"], strict=True)]
-    probe_s = probe_seconds(data, repeats=5)
+    probe_s, probe_old_s, probe_new_groups_s = probe_seconds(data, repeats=10)
     results = {
         "model": {**ARCH, "block_size": BLOCK, "batch_size": BATCH}, "interval": args.interval, "steps": args.steps,
         "rounds": args.rounds, "seconds_per_step": seconds, "overhead_per_round": [r - 1 for r in ratios],
         "overhead_median": statistics.median(ratios) - 1, "record_step_extra_seconds": record_extra,
-        "probe_forward_seconds": probe_s, "seconds_inside_callback_per_fit": [sum(f.values()) for f in inside],
+        "probe_forward_seconds": probe_s, "probe_forward_seconds_stream_attention_only": probe_old_s,
+        "probe_outliers_contribution_extra_seconds": probe_new_groups_s,
+        "seconds_inside_callback_per_fit": [sum(f.values()) for f in inside],
         "seconds_inside_callback_plain_step_median": statistics.median(
             [v for f in inside for s, v in f.items() if s not in records]),
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -155,8 +166,11 @@ def main(argv: list[str] | None = None) -> dict:
     (RESULTS / "diagnostics_overhead.json").write_text(json.dumps(results, indent=2) + "\n")
     m = results["machine"]
     off, on = statistics.median(seconds["off"]), statistics.median(seconds["on"])
+    on_step = statistics.median(statistics.median(times) for times in on_step_times)  # median step of "on" fits
     spread = ", ".join(f"{100 * o:+.1f}%" for o in results["overhead_per_round"])
     extra = statistics.median(record_extra)
+    default = " (default)" if args.interval == DiagnosticsConfig().interval else ""
+    inside_per_step = statistics.median(results["seconds_inside_callback_per_fit"]) / args.steps
     lines = [
         "# Diagnostics overhead (`python -m benchmarks.diagnostics_overhead`)", "",
         f"{m['cpus']} CPUs, {m['torch_threads']} torch thread(s) (OMP_NUM_THREADS={m['OMP_NUM_THREADS']}), load "
@@ -170,19 +184,26 @@ def main(argv: list[str] | None = None) -> dict:
         "| diagnostics | ms/step (median over rounds) | min-max over rounds |", "|---|---:|---:|",
         f"| off (`--model.diagnostics.interval=0`) | {1e3 * off:.1f} | "
         f"{1e3 * min(seconds['off']):.1f}-{1e3 * max(seconds['off']):.1f} |",
-        f"| on, every {args.interval} steps (default) | {1e3 * on:.1f} | "
+        f"| on, every {args.interval} steps{default} | {1e3 * on:.1f} | "
         f"{1e3 * min(seconds['on']):.1f}-{1e3 * max(seconds['on']):.1f} |", "",
-        f"**Overhead at the default interval: {100 * results['overhead_median']:+.1f}%** (median over rounds of the "
+        f"**Overhead at interval {args.interval}{default}: {100 * results['overhead_median']:+.1f}%** (median over "
+        "rounds of the "
         f"per-round ratio; per round: {spread}).", "",
         f"**One recording step** costs {1e3 * extra:.0f} ms more than the median step of its fit "
         f"({100 * extra / on:.0f}% of a step; per record: "
         f"{', '.join(f'{1e3 * e:.0f}' for e in record_extra)} ms); the probe forward alone (probe batch "
-        f"{DiagnosticsConfig().probe_batch_size}, stream and attention) takes {1e3 * probe_s:.0f} ms. Spread over "
+        f"{DiagnosticsConfig().probe_batch_size}; stream, attention, outliers and contribution) takes "
+        f"{1e3 * probe_s:.0f} ms, {1e3 * probe_old_s:.0f} ms of it with stream and attention only. Spread over "
         f"{args.interval} steps that is {100 * extra / on / args.interval:.2f}% of a step.", "",
+        f"**The outliers and contribution groups** add {1e3 * probe_new_groups_s:.0f} ms to a probe (median of 10 "
+        f"paired, interleaved probes), **{100 * probe_new_groups_s / args.interval / on_step:.3f}% of a step** at "
+        f"interval {args.interval} (against the median step of the fit with diagnostics on, timed in the same "
+        "window).", "",
         f"**Inside the callback** (its hooks timed in place, over the {args.steps} timed steps): "
         f"{1e3 * statistics.median(results['seconds_inside_callback_per_fit']) / args.steps:.2f} ms per step on "
         f"average, **{100 * statistics.median(results['seconds_inside_callback_per_fit']) / args.steps / off:.2f}% "
-        f"of a step without diagnostics**; a step that does not record spends "
+        f"of a step without diagnostics**, {100 * inside_per_step / on_step:.2f}% of the median step of the same "
+        f"fits; a step that does not record spends "
         f"{1e3 * results['seconds_inside_callback_plain_step_median']:.2f} ms in it (spike tracking: the gradient "
         "norm and one host sync).",
     ]

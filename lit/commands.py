@@ -36,6 +36,7 @@ COMMANDS: dict[str, Command] = {
     "compare": Command("lit.compare.command:main", "report a sweep: paired tests, intervals, plots"),
     "convert-norm": Command("lit.procedures.convert_norm:main", "convert a trained model's norms to another kind"),
     "remove-norms": Command("lit.procedures.remove_norms:main", "fine-tune a trained model until its norms are gone"),
+    "layer-skip": Command("lit.procedures.layer_skip:main", "validation loss with each block or sublayer skipped"),
     "export": Command("lit.checkpoints:main", "turn a sharded checkpoint directory into one checkpoint file"),
     "sync": Command("lit.tracking.sync:main", "send metrics kept while the tracking server was away, or copy a run"),
     "prepare-data": Command("lit.data.prepare:main", "tokenize text files into shards for training"),

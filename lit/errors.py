@@ -35,16 +35,21 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         raise UserInputError(f"{message} (see `python {self.prog} --help`)")
 
 
-def user_error(exc: BaseException | None) -> BaseException | None:
-    """The user error behind ``exc``, or None: libraries (jsonargparse, Lightning) wrap the errors raised in
-    code they call, so the cause chain is searched."""
+def find_cause(exc: BaseException | None, types: type | tuple[type, ...]) -> BaseException | None:
+    """The first exception of ``types`` in ``exc``'s cause chain (``exc`` included), or None: libraries
+    (jsonargparse, Lightning) wrap the errors raised in code they call."""
     seen = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, USER_ERRORS):
+        if isinstance(exc, types):
             return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def user_error(exc: BaseException | None) -> BaseException | None:
+    """The user error behind ``exc``, or None."""
+    return find_cause(exc, USER_ERRORS)
 
 
 def report(exc: BaseException) -> int:

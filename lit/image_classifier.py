@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,7 @@ from lit.diagnostics import DiagnosticsConfig
 from lit.init_from import Growth, load_initial_weights
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import VIT_ARCH, ViT, with_variant
+from lit.optim import with_installed_optimizers
 from lit.task import EXECUTION_OPTIONS, ArchitectureTask
 
 
@@ -34,6 +35,13 @@ class ImageClassifier(ArchitectureTask):
         betas: AdamW betas.
         warmup_steps: linear warmup length.
         min_lr_ratio: the cosine ends at ``lr * min_lr_ratio``.
+        optimizer: the optimizer, one of the installed <optimizers>, routed by parameter role
+            (``python cli.py plugins NAME`` shows its options).
+        optimizer_options: its options, e.g. ``{lr_multipliers: {embedding: 0.3, head: 0.003125}}``
+            (docs/optimizers.md).
+        schedule: the learning-rate schedule: ``cosine`` (warmup + cosine) or ``wsd`` (warmup-stable-decay).
+        schedule_options: ``wsd``'s ``cooldown_fraction`` (0.2), ``cooldown_steps`` (instead of the fraction) and
+            ``cooldown_shape`` (``linear``, ``1-sqrt``, ``cosine``); it cools down to ``lr * min_lr_ratio``.
         init_from: a checkpoint whose weights start this run (optimizer and step start fresh); a TokenFormer
             checkpoint with fewer parameter tokens grows into this model.
         growth: how parameter tokens are added when growing.
@@ -48,11 +56,15 @@ class ImageClassifier(ArchitectureTask):
                  patch_size: int = 16, pooling: Literal["cls", "mean"] = "cls",
                  pos_embed: Literal["learned", "sincos", "none"] = "learned", lr: float = 1e-3,
                  weight_decay: float = 0.05, betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 100,
-                 min_lr_ratio: float = 0.01, init_from: str | None = None, growth: Growth = Growth(),
+                 min_lr_ratio: float = 0.01,
+                 optimizer: str = "adamw", optimizer_options: dict[str, Any] | None = None,
+                 schedule: str = "cosine", schedule_options: dict[str, Any] | None = None,
+                 init_from: str | None = None, growth: Growth = Growth(),
                  compile: bool = False, activation_checkpointing: bool = False,
                  diagnostics: DiagnosticsConfig = DiagnosticsConfig()):
         super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="images",
                          diagnostics=diagnostics)
+        self.check_optimizer(optimizer, optimizer_options, schedule, schedule_options)
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
         self.model = ViT(num_classes, image_size, patch_size, in_chans, with_variant(arch, variant), pooling, pos_embed)
         if init_from is not None:
@@ -94,3 +106,6 @@ class ImageClassifier(ArchitectureTask):
         self.log("test/loss", F.cross_entropy(logits.float(), labels), sync_dist=True)
         self.test_acc1(logits, labels)
         self.log("test/acc1", self.test_acc1)
+
+
+ImageClassifier.__doc__ = with_installed_optimizers(ImageClassifier.__doc__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ from lit.errors import UserInputError
 from lit.init_from import Growth, load_initial_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
+from lit.optim import with_installed_optimizers
 from lit.task import EXECUTION_OPTIONS, ArchitectureTask
 
 
@@ -31,6 +33,13 @@ class LanguageModel(ArchitectureTask):
         betas: AdamW betas.
         warmup_steps: linear warmup length.
         min_lr_ratio: the cosine ends at ``lr * min_lr_ratio``.
+        optimizer: the optimizer, one of the installed <optimizers>, routed by parameter role
+            (``python cli.py plugins NAME`` shows its options).
+        optimizer_options: its options, e.g. ``{lr_multipliers: {embedding: 0.3, head: 0.003125}}``
+            (docs/optimizers.md).
+        schedule: the learning-rate schedule: ``cosine`` (warmup + cosine) or ``wsd`` (warmup-stable-decay).
+        schedule_options: ``wsd``'s ``cooldown_fraction`` (0.2), ``cooldown_steps`` (instead of the fraction) and
+            ``cooldown_shape`` (``linear``, ``1-sqrt``, ``cosine``); it cools down to ``lr * min_lr_ratio``.
         max_new_tokens: tokens sampled per prompt by ``predict``.
         temperature: sampling temperature (0 = greedy).
         top_k: sample among the k most likely tokens only.
@@ -51,6 +60,8 @@ class LanguageModel(ArchitectureTask):
     def __init__(self, vocab_size: int = 65, block_size: int = 256, arch: TransformerConfig = TransformerConfig(),
                  tie_embeddings: bool = False, lr: float = 1e-3, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,
+                 optimizer: str = "adamw", optimizer_options: dict[str, Any] | None = None,
+                 schedule: str = "cosine", schedule_options: dict[str, Any] | None = None,
                  max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = None,
                  init_from: str | None = None, growth: Growth = Growth(),
                  compile: bool = False, activation_checkpointing: bool = False,
@@ -60,6 +71,7 @@ class LanguageModel(ArchitectureTask):
                          diagnostics=diagnostics)
         if not z_loss >= 0:
             raise UserInputError(f"z_loss is a coefficient (PaLM uses 1e-4; 0 turns it off), got {z_loss}")
+        self.check_optimizer(optimizer, optimizer_options, schedule, schedule_options)
         # The resolved config is logged by the CLI; the logger need not log hparams a second time.
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
         self.model = GPT(vocab_size, block_size, arch, tie_embeddings)
@@ -112,3 +124,6 @@ class LanguageModel(ArchitectureTask):
         for text in texts:
             print(text, flush=True)
         return texts
+
+
+LanguageModel.__doc__ = with_installed_optimizers(LanguageModel.__doc__)

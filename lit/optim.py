@@ -1,42 +1,59 @@
-"""AdamW with decay / no-decay groups and a linear-warmup + cosine schedule (nanoGPT's recipe)."""
+"""The optimizer and learning-rate schedule of every task: ``--model.optimizer`` stepped by ``--model.schedule``.
+
+The optimizer is a plugin (entry-point group ``arch_plugins.optimizer``: ``adamw``, ``muon``; ``python cli.py
+plugins``) that routes parameters by their declared roles; the schedule is ``lit/schedules.py``'s.
+"""
 
 from __future__ import annotations
 
-import math
-from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 
-from arch_plugins.declarations import decays
+from arch_plugins import registry
+from arch_plugins.optimizers.adamw import AdamWOptimizer
+from arch_plugins.optimizers.routing import Scales
+from lit.schedules import multiplier, warmup_cosine
+
+__all__ = ["adamw", "warmup_cosine", "adamw_warmup_cosine", "select_optimizer", "configure",
+           "with_installed_optimizers"]
 
 
 def adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
     """Matrices (and embeddings) decay; vectors (norm gains, biases, learnable scales) do not, unless the module
     that owns a parameter declares otherwise: decay follows each parameter's role
     (``arch_plugins.declarations.decays``), and ``declare_weight_decay`` overrides it."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = decays(model)
-    groups = [
-        {"params": [p for p in params if decay[id(p)]], "weight_decay": weight_decay},
-        {"params": [p for p in params if not decay[id(p)]], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
+    return AdamWOptimizer().build(model, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
 
 
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
-    """LR multiplier: linear warmup to 1, then cosine decay to ``min_lr_ratio`` at ``total_steps``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+def with_installed_optimizers(doc: str) -> str:
+    """``doc`` with ``<optimizers>`` naming the optimizers installed now (`--help` lists them; metadata only)."""
+    return doc.replace("<optimizers>", f"optimizers ({', '.join(registry.names('optimizer'))})")
+
+
+def select_optimizer(name: str, options: dict[str, Any] | None):
+    """The optimizer plugin ``name`` with ``options`` (a one-line ``PluginError`` for a bad name or option)."""
+    return registry.create("optimizer", name, options)
+
+
+def configure(module, *, optimizer: str = "adamw", optimizer_options: dict[str, Any] | None = None, lr: float,
+              weight_decay: float, betas: tuple[float, float], warmup_steps: int, min_lr_ratio: float,
+              schedule: str = "cosine", schedule_options: dict[str, Any] | None = None,
+              scales: Scales | None = None) -> dict:
+    """``configure_optimizers`` of every LightningModule here: the optimizer plugin's optimizer, stepped per step
+    by the schedule. ``scales``: a parametrization's per-parameter (lr, weight-decay) multipliers, or None."""
+    built = select_optimizer(optimizer, optimizer_options).build(module, lr=lr, weight_decay=weight_decay,
+                                                                  betas=tuple(betas), scales=scales)
+    total = int(module.trainer.estimated_stepping_batches)
+    factor = multiplier(schedule, schedule_options, warmup_steps=warmup_steps, total_steps=total,
+                        min_lr_ratio=min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(built, factor)
+    return {"optimizer": built, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 def adamw_warmup_cosine(module, lr: float, weight_decay: float, betas: tuple[float, float], warmup_steps: int,
                         min_lr_ratio: float) -> dict:
-    """``configure_optimizers`` of every LightningModule here: AdamW stepped by a per-step warmup-cosine."""
-    optimizer = adamw(module, lr, weight_decay, tuple(betas))
-    total = int(module.trainer.estimated_stepping_batches)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, partial(warmup_cosine, warmup_steps=warmup_steps, total_steps=total, min_lr_ratio=min_lr_ratio))
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+    """AdamW stepped by a per-step warmup-cosine (``configure``'s defaults)."""
+    return configure(module, lr=lr, weight_decay=weight_decay, betas=betas, warmup_steps=warmup_steps,
+                     min_lr_ratio=min_lr_ratio)

@@ -33,7 +33,8 @@ def listing() -> str:
     widths = {k: max(len(str(r[k])) for r in [header, *rows]) for k in ("kind", "name", "package", "version")}
     lines = ["  ".join(str(r[k]).ljust(widths[k]) for k in widths) + "  " + r["description"] for r in [header, *rows]]
     lines.append("\n`python cli.py plugins NAME` shows one plugin's docstring and options; select it in a recipe "
-                 "with arch.<kind>: NAME and arch.<kind>_options: {option: value}.")
+                 "with arch.<kind>: NAME and arch.<kind>_options: {option: value} (an optimizer: model.optimizer "
+                 "and model.optimizer_options).")
     lines.append("Stabilisers on top of any norm strategy are arch fields (arch_plugins/stabilisers): "
                  + "; ".join(f"{field} ({what})" for field, what in STABILISERS) + ".")
     return "\n".join(lines)
@@ -51,8 +52,13 @@ def _describe(d: catalogue.Details) -> str:
     elif not d.options:
         lines.append("options: none")
     else:
-        lines.append(f"options (arch.{s.kind}_options):")
+        lines.append(f"options ({_selected_in(s.kind)}_options):")
         width = max(len(o.name) for o in d.options)
         type_width = max(len(o.type) for o in d.options)
         lines += [f"  {o.name.ljust(width)}  {o.type.ljust(type_width)}  default: {o.default}" for o in d.options]
     return "\n".join(lines)
+
+
+def _selected_in(kind: str) -> str:
+    """Where a recipe selects a plugin of ``kind``: the architecture's parts under arch, the optimizer under model."""
+    return "model.optimizer" if kind == "optimizer" else f"arch.{kind}"

@@ -1,7 +1,8 @@
 """What every task's LightningModule shares: the optimizer, the constraints, how blocks run, the checkpoint extras.
 
 Subclasses (LanguageModel, ImageClassifier) build ``self.model`` and save ``lr``, ``weight_decay``,
-``betas``, ``warmup_steps`` and ``min_lr_ratio`` as hyperparameters; they own loss and metrics only.
+``betas``, ``warmup_steps``, ``min_lr_ratio``, ``optimizer``, ``optimizer_options``, ``schedule`` and
+``schedule_options`` as hyperparameters; they own loss and metrics only.
 How the blocks execute (``compile``, ``activation_checkpointing``) and what diagnostics record (``diagnostics``)
 are passed to this base and are not hyperparameters: a resumed run takes them from its own command line
 (LightningCLI restores a checkpoint's hyperparameters over the command line's), so a run can resume under
@@ -24,8 +25,10 @@ from lit.callbacks import (
 from lit.checkpoints import restore_rng_states, rng_states
 from lit.compute import non_embedding_parameters
 from lit.diagnostics import Diagnostics, DiagnosticsConfig
-from lit.optim import adamw_warmup_cosine
+from lit.errors import UserInputError
+from lit.optim import configure, select_optimizer
 from lit.parallel import checkpoint_blocks, compile_blocks, shard
+from lit.schedules import check as check_schedule
 from lit.throughput import StepRate
 
 EXECUTION_OPTIONS = ("compile", "activation_checkpointing", "diagnostics")
@@ -81,7 +84,9 @@ class ArchitectureTask(L.LightningModule):
             # global_step counts the optimizer steps already taken: this batch belongs to the (global_step + 1)th.
             self.log("train/flops", self.flops_per_item * per_step * (self.global_step + 1))
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        # The task's learning rate as scheduled (a group's own lr is this times its role's multiplier).
+        group = self.optimizers().param_groups[0]
+        self.log("train/lr", group["lr"] / group["lr_ratio"] if group.get("lr_ratio") else group["lr"])
         rate = self.throughput.tick(items * self.trainer.world_size)
         if rate is not None:
             self.log(self.throughput_metric, rate, prog_bar=True)
@@ -117,14 +122,52 @@ class ArchitectureTask(L.LightningModule):
             callbacks.append(Diagnostics(self.diagnostics))
         return callbacks
 
+    @staticmethod
+    def check_optimizer(optimizer: str, optimizer_options: dict | None, schedule: str,
+                        schedule_options: dict | None) -> None:
+        """Called by subclasses' ``__init__``: a bad optimizer or schedule fails before anything trains."""
+        select_optimizer(optimizer, optimizer_options)
+        check_schedule(schedule, schedule_options)
+
+    def parameter_scales(self):
+        """Per-parameter (learning-rate, weight-decay) multipliers from a parametrization, or None: a callable
+        of an ``arch_plugins.declarations.ParameterRole``, multiplied into the recipe's role multipliers."""
+        return None
+
     def configure_optimizers(self):
         hp = self.hparams
-        return adamw_warmup_cosine(self, hp.lr, hp.weight_decay, hp.betas, hp.warmup_steps, hp.min_lr_ratio)
+        self._schedule_total_steps = int(self.trainer.estimated_stepping_batches)
+        return configure(self, optimizer=hp.get("optimizer", "adamw"), optimizer_options=hp.get("optimizer_options"),
+                         lr=hp.lr, weight_decay=hp.weight_decay, betas=hp.betas, warmup_steps=hp.warmup_steps,
+                         min_lr_ratio=hp.min_lr_ratio, schedule=hp.get("schedule", "cosine"),
+                         schedule_options=hp.get("schedule_options"), scales=self.parameter_scales())
+
+    def on_train_start(self) -> None:
+        self._check_resumed_schedule()
+
+    def _check_resumed_schedule(self) -> None:
+        # A run resumed with another --trainer.max_steps (a cooldown branch) is only the run it claims to be if its
+        # schedule agrees with the one the checkpoint trained under at every step already taken.
+        resumed = getattr(self, "_resumed_schedule_total", None)
+        scheduler = self.lr_schedulers() if self.trainer.lr_scheduler_configs else None
+        if resumed is None or scheduler is None or resumed == self._schedule_total_steps:
+            return
+        factor = scheduler.lr_lambdas[0]
+        before = dict(factor.keywords, total_steps=resumed)
+        for step in range(self.global_step):
+            if factor.func(step, **before) != factor(step):
+                raise UserInputError(
+                    f"this run's schedule over {self._schedule_total_steps} steps differs at step {step} from the "
+                    f"checkpoint's over {resumed} steps, which it already trained {self.global_step} steps of: "
+                    f"a cooldown branch starts from a checkpoint before the cooldown (schedule wsd; an earlier "
+                    f"checkpoint or a larger --trainer.max_steps)")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Lightning does not keep random states; dropout, drop-path and batch mixing resume exactly with them.
         checkpoint["rng_states"] = rng_states()
+        checkpoint["schedule_total_steps"] = getattr(self, "_schedule_total_steps", None)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"])
+        self._resumed_schedule_total = checkpoint.get("schedule_total_steps")

@@ -5,7 +5,7 @@ re-execute it once per extra process, which is awkward inside pytest itself. Eve
 sees the same batches (no distributed sampler), so data-parallel training on N ranks computes the
 single-process gradient and must end with the single-process weights.
 
-    python tests/distributed_worker.py --strategy fsdp2 --out weights.pt
+    python tests/distributed_worker.py --strategy fsdp2 --out weights.pt [--optimizer muon]
 """
 
 from __future__ import annotations
@@ -31,10 +31,15 @@ SMALL_SHAPES = [((5, 1), 0), ((4, 3), 0), ((4, 3), 1)]  # (in, out) of a Linear,
 CONV = (2, 3, 2)  # in channels, out channels (sharded dim 0, the declared one: a ViT patch embedding), kernel
 
 
-def build_model() -> LanguageModel:
+# Muon for the hidden matrices (fused q|k|v and gate|up split per part), AdamW for the rest.
+MUON = {"lr": 0.05, "weight_decay": 0.1, "adjust_lr": "original"}
+
+
+def build_model(optimizer: str = "adamw") -> LanguageModel:
     torch.manual_seed(0)  # every rank builds the same initial weights (FSDP2 shards what each rank built)
     arch = TransformerConfig(d_model=32, n_layers=2, n_heads=2, norm="hypersphere", residual="ngpt", init_std=0.2)
-    return LanguageModel(vocab_size=VOCAB, block_size=T, arch=arch, lr=2e-2, weight_decay=0.0, warmup_steps=0)
+    return LanguageModel(vocab_size=VOCAB, block_size=T, arch=arch, lr=2e-2, weight_decay=0.0, warmup_steps=0,
+                         optimizer=optimizer, optimizer_options=MUON if optimizer == "muon" else None)
 
 
 def batches() -> DataLoader:
@@ -65,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--strategy", choices=["single", "ddp", "fsdp2"], required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
     args = p.parse_args(argv)
     if args.strategy == "fsdp2":
         from lightning.pytorch.strategies import ModelParallelStrategy
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         strategy, devices = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2
     else:
         strategy, devices = ("ddp", 2) if args.strategy == "ddp" else ("auto", 1)
-    model = build_model()
+    model = build_model(args.optimizer)
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=STEPS,
                         accumulate_grad_batches=ACCUMULATE, use_distributed_sampler=False, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

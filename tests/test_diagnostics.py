@@ -110,6 +110,50 @@ def hand_probe(module: LanguageModel, idx: torch.Tensor) -> dict[str, float]:
         out[f"diag/attn_entropy/layer{i:02d}"] = float(-(p * logp).sum(-1).mean())
         out[f"diag/attn_max_logit/layer{i:02d}"] = float(scores[..., ~future].max())
     out["diag/logits_rms"], out["diag/logits_max"] = rms(logits), float(logits.max())
+    out.update(hand_outliers(history, final, len(stack.blocks)))
+    out.update(hand_contribution(history, len(stack.blocks)))
+    return out
+
+
+def hand_kurtosis(x: torch.Tensor) -> float:
+    """OSP's evaluate_kurtosis.py in float64: E[x^4] / (unbiased variance)^2 - 3 per token, clamped at 0, mean."""
+    x = x.double()
+    n = x.shape[-1]
+    variance = (x - x.mean(-1, keepdim=True)).square().sum(-1) / (n - 1)
+    return float((x.pow(4).sum(-1) / n / variance.square() - 3).clamp(min=0).mean())
+
+
+def hand_max_median(x: torch.Tensor) -> float:
+    magnitudes = x.double().abs().flatten().sort().values
+    return float(magnitudes[-1] / magnitudes[(len(magnitudes) - 1) // 2])
+
+
+def hand_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a, b = a.double(), b.double()
+    return (a * b).sum(-1) / (a.square().sum(-1).sqrt() * b.square().sum(-1).sqrt())
+
+
+def hand_outliers(history: ResidualHistory, final: torch.Tensor, n_layers: int) -> dict[str, float]:
+    states = {"embedding": history.states[0], "final": final}
+    for i in range(n_layers):
+        states[f"layer{i:02d}.attn"], states[f"layer{i:02d}.mlp"] = history.states[1 + 2 * i], history.states[2 + 2 * i]
+    out = {}
+    for name, x in states.items():
+        out[f"diag/kurtosis/{name}"], out[f"diag/max_median/{name}"] = hand_kurtosis(x), hand_max_median(x)
+    # Hugging Face's hidden states: the embedding, each later block's input, the final norm's output.
+    hf_states = [history.states[0], *(history.states[2 * i] for i in range(1, n_layers)), final]
+    out["diag/kurtosis/model"] = sum(hand_kurtosis(x) for x in hf_states) / len(hf_states)
+    return out
+
+
+def hand_contribution(history: ResidualHistory, n_layers: int) -> dict[str, float]:
+    out = {}
+    for k in range(2 * n_layers):  # a plain stream: the stream entering sublayer k is states[k]
+        before, after, branch = history.states[k].double(), history.states[k + 1].double(), history.branches[k]
+        name = f"layer{k // 2:02d}.{('attn', 'mlp')[k % 2]}"
+        out[f"diag/branch_ratio/{name}"] = float((branch.double().norm(dim=-1) / before.norm(dim=-1)).mean())
+        out[f"diag/branch_cosine/{name}"] = float(hand_cosine(branch, before).mean())
+        out[f"diag/io_cosine/{name}"] = float(hand_cosine(before, after).mean())
     return out
 
 

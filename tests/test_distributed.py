@@ -9,6 +9,7 @@ gradient accumulation on identical batches on every rank, so the gradient equals
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -16,8 +17,9 @@ import pytest
 import torch
 
 from arch_plugins.constraints import renormalize_, unit_norm_parameters
+from lit.cli import main
 from tests import distributed_worker as worker
-from tests.conftest import REPO
+from tests.conftest import REPO, TINY_LM, subprocess_env
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +29,10 @@ def single_process(tmp_path_factory):
     return torch.load(out, weights_only=False)
 
 
-def run_two_processes(strategy: str, tmp_path) -> dict:
+def run_two_processes(strategy: str, tmp_path, *extra: str) -> dict:
     out = tmp_path / "weights.pt"
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "distributed_worker.py"), "--strategy", strategy,
-                           "--out", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+                           "--out", str(out), *extra], cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=False)
 
@@ -76,3 +78,50 @@ def check_small_weights(gathered: list[torch.Tensor]) -> None:
     for got, layer, dim in zip(gathered, layers, dims, strict=True):
         w = layer.weight.detach()
         torch.testing.assert_close(got, w / w.norm(dim=dim, keepdim=True))
+
+
+@pytest.mark.slow  # ~20-40 s on 2 shared cores; Muon has no distributed code of its own to break under DDP
+def test_muon_on_two_ddp_processes_ends_with_the_single_process_weights(tmp_path):
+    # Every process orthogonalises the same all-reduced momentum: 2 processes take the single process's steps.
+    worker.main(["--strategy", "single", "--out", str(tmp_path / "single.pt"), "--optimizer", "muon"])
+    single = torch.load(tmp_path / "single.pt", weights_only=False)
+    result = run_two_processes("ddp", tmp_path, "--optimizer", "muon")
+    assert result["world_size"] == 2 and result["global_step"] == single["global_step"] == worker.STEPS
+    initial = worker.build_model("muon").model
+    renormalize_(initial)
+    moved = max((single["state"][n] - p.detach()).abs().max().item() for n, p in initial.named_parameters())
+    assert moved > 0.05
+    for name, expected in single["state"].items():
+        torch.testing.assert_close(result["state"][name], expected, atol=1e-6, rtol=0, msg=name)
+
+
+MUON_UNDER_FSDP2 = ["fit", "--config", str(REPO / "recipes" / "gpt_muon.yaml"), "--config",
+                    str(REPO / "recipes" / "trainer" / "fsdp.yaml"), *TINY_LM, "--trainer.accelerator=cpu",
+                    "--trainer.max_steps=1", "--trainer.logger=false"]
+
+
+def assert_refused(returncode: int, stderr: str) -> None:
+    assert returncode == 2, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "muon needs whole matrices" in errors[0] and "FSDP2" in errors[0], errors
+
+
+def test_muon_under_fsdp2_is_refused_in_one_line(workdir, capsys):
+    # Newton-Schulz needs whole matrices; FSDP2 holds row shards (DTensors, even on a mesh of one process).
+    environment = dict(os.environ)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*MUON_UNDER_FSDP2, "--trainer.devices=1"])
+    finally:  # the refused run's process group and rendezvous port must not leak into later tests' processes
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)
+    assert_refused(exit_info.value.code, capsys.readouterr().err)
+
+
+@pytest.mark.slow
+def test_muon_under_fsdp2_is_refused_on_every_process(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "cli.py"), *MUON_UNDER_FSDP2, "--trainer.devices=2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240, env=subprocess_env())
+    assert_refused(proc.returncode, proc.stderr)

@@ -8,14 +8,16 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from arch_plugins import registry
 from arch_plugins.diagnostics import declared_diagnostics
 from arch_plugins.interfaces import ResidualHistory, StackInfo
 from arch_plugins.residuals.manifold_hyper_connections import ManifoldConstrainedConnection, sinkhorn_knopp
-from lit.models import TransformerConfig
+from lit.models import GPT, TransformerConfig
 from lit.models.transformer import TransformerStack
-from tests.conftest import backprop_gpt_and_vit, plain_and_twin
+from lit.models.vit import ViT
+from tests.conftest import plain_and_twin
 
 D, LAYERS, T = 16, 3, 8
 INFO = StackInfo(D, LAYERS, 2, 4 * D, causal=True)
@@ -203,8 +205,21 @@ def test_with_the_gates_at_zero_it_is_the_plain_residual(causal):
     assert not torch.allclose(mhc(x), ref(x), atol=1e-3)
 
 
+def backprop_gpt_and_vit() -> tuple:
+    """A 2-layer GPT and a 2-layer ViT with mHC, one backward each (the conformance kit checks that gradients
+    exist; here every mixing parameter must actually receive one at init)."""
+    torch.manual_seed(0)
+    gpt = GPT(vocab_size=11, block_size=T, arch=TransformerConfig(d_model=D, n_layers=2, n_heads=2, residual="mhc"))
+    idx = torch.randint(0, 11, (2, T))
+    F.cross_entropy(gpt(idx).flatten(0, 1), idx.flatten()).backward()
+    vit = ViT(num_classes=3, image_size=8, patch_size=4, in_chans=1,
+              arch=TransformerConfig(d_model=D, n_layers=2, n_heads=2, mlp="gelu", positions="none", residual="mhc"))
+    vit(torch.randn(2, 1, 8, 8)).sum().backward()
+    return gpt, vit
+
+
 def test_gpt_and_vit_train_with_mhc():
-    for model in backprop_gpt_and_vit("mhc", D, T):
+    for model in backprop_gpt_and_vit():
         grads = {n: p.grad for n, p in model.named_parameters() if "merge" in n}
         assert grads and all(g is not None and g.abs().sum() > 0 for g in grads.values()), \
             [n for n, g in grads.items() if g is None or not g.abs().sum() > 0]

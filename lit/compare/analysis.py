@@ -490,12 +490,12 @@ def sublayer_order(name: str) -> tuple[int, int, int]:
     return 1, int(match["block"]), 0 if match["part"] == "attn" else 1
 
 
-def depth_profile(sweep: Sweep, runs: pd.DataFrame) -> DepthProfile | None:
-    """Per variant, the stream RMS after each sublayer at the first and at the last step each run logged it,
-    mean over seeds; None when no run logged a ``diag/stream_rms/<sublayer>`` metric."""
-    points = sweep.history[sweep.history["key"].str.startswith(STREAM_RMS_PREFIX)
+def depth_profile(sweep: Sweep, runs: pd.DataFrame, prefix: str = STREAM_RMS_PREFIX) -> DepthProfile | None:
+    """Per variant, the stream RMS (or another ``<prefix><sublayer>`` metric) after each sublayer at the first and
+    at the last step each run logged it, mean over seeds; None when no run logged such a metric."""
+    points = sweep.history[sweep.history["key"].str.startswith(prefix)
                            & sweep.history["run_id"].isin(set(runs["run_id"]))]
-    points = points.assign(sublayer=points["key"].str.slice(len(STREAM_RMS_PREFIX)))
+    points = points.assign(sublayer=points["key"].str.slice(len(prefix)))
     points = points[points["sublayer"].map(lambda s: SUBLAYER.match(s) is not None)]
     if points.empty:
         return None

@@ -18,7 +18,7 @@ from lit.compare.analysis import Analysis, analyze, family_name, tested_p_values
 from lit.compare.plots import draw_all
 from lit.compare.report import render, render_plan
 from lit.compare.runs import Sweep, connect, family_parents, find_parent, load_sweep
-from lit.errors import OneLineArgumentParser, UserInputError
+from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.sweep import protocol
 from lit.tracking.uri import resolve_tracking_uri
 
@@ -136,6 +136,7 @@ def positive_number(text: str) -> float:
     return value
 
 
+@one_line_errors
 def main(argv: list[str]) -> int:
     """Run ``compare`` with ``argv`` (the arguments after ``compare``); returns the exit code."""
     try:
@@ -143,9 +144,6 @@ def main(argv: list[str]) -> int:
         return compare(args)
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
-    except UserInputError as exc:
-        sys.stderr.write(f"error: {' '.join(str(exc).split())}\n")
-        return 2
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -15,8 +15,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lit.compare.analysis import Analysis, DepthProfile
+from lit.compare.depth_quantities import LABELS, depth_quantities
 
 CURVES, FOREST, DEPTH = "curves.png", "forest.png", "depth.png"
+DEPTH_QUANTITIES = "depth_quantities.png"
 DPI = 120
 LATE_FRACTION = 0.25  # of the steps: the zoomed panel of the curves
 MARGIN = 0.08  # of the visible range, above and below
@@ -28,6 +30,10 @@ def draw_all(analysis: Analysis, out: Path) -> list[str]:
     written = [draw_curves(analysis, out / CURVES), draw_forest(analysis, out / FOREST)]
     if analysis.depth is not None:
         written.append(draw_depth(analysis.depth, analysis.baseline, variant_colors(analysis), out / DEPTH))
+    quantities = depth_quantities(analysis.sweep)
+    if quantities:
+        written.append(draw_depth_quantities(quantities, analysis.baseline, variant_colors(analysis),
+                                             out / DEPTH_QUANTITIES))
     return [path.name for path in written]
 
 
@@ -201,3 +207,34 @@ def short_sublayer(name: str) -> str:
         block, part = name[len("layer"):].split(".")
         return f"{int(block)}.{part}"
     return {"embedding": "emb"}.get(name, name)
+
+
+def draw_depth_quantities(quantities: dict[str, dict[str, pd.Series]], baseline: str, colors: dict[str, str],
+                          path: Path) -> Path:
+    """One panel per quantity (``depth_quantities``) against sublayer index, a line per variant (mean over seeds)
+    at the last logged step."""
+    columns = min(3, len(quantities))
+    rows = -(-len(quantities) // columns)
+    fig = Figure(figsize=(4.4 * columns, 3.6 * rows), layout="constrained")
+    panels = np.atleast_1d(fig.subplots(rows, columns, squeeze=False).ravel())
+    for ax, (prefix, profiles) in zip(panels, quantities.items(), strict=False):
+        longest = max(profiles.values(), key=len)
+        for label, series in profiles.items():
+            ax.plot(range(len(series)), series.to_numpy(), marker="o", markersize=3, color=colors.get(label),
+                    linewidth=2 if label == baseline else 1.2, label=label)
+        ticks = list(range(len(longest)))
+        every = max(1, len(ticks) // 12)
+        ax.set_xticks(ticks[::every], [short_sublayer(n) for n in longest.index][::every], rotation=60,
+                      fontsize="small")
+        values = np.concatenate([s.to_numpy() for s in profiles.values()])
+        if prefix in ("diag/kurtosis/", "diag/max_median/") and values.min() > 0 \
+                and values.max() > LOG_RANGE * values.min():
+            ax.set_yscale("log")
+        ax.set(ylabel=LABELS[prefix], xlabel="sublayer (residual stream order)")
+        ax.grid(alpha=0.3)
+    for ax in panels[len(quantities):]:
+        ax.set_visible(False)
+    panels[0].legend(fontsize="small")
+    fig.suptitle("Outliers and sublayer contribution by depth, last logged step (mean over seeds)", fontsize="medium")
+    fig.savefig(path, dpi=DPI)
+    return path

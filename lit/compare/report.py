@@ -11,7 +11,7 @@ import math
 
 from lit.compare import stats
 from lit.compare.analysis import ALL_TUNING_DIVERGED, NEEDS_PAIRS, NEEDS_SEEDS, Analysis, Comparison, VariantResult
-from lit.compare.plots import CURVES, DEPTH, FOREST
+from lit.compare.plots import CURVES, DEPTH, DEPTH_QUANTITIES, FOREST
 from lit.compare.runs import DUPLICATE_RULE
 
 DASH = "—"
@@ -35,6 +35,12 @@ def render(analysis: Analysis, figures: list[str]) -> str:
         sections.append("## Depth profile\n\nRMS of the residual stream after each sublayer "
                         "(`diag/stream_rms/*`), mean over seeds, at the first and the last step the runs logged "
                         f"it.\n\n![depth profile]({DEPTH})")
+    if DEPTH_QUANTITIES in figures:
+        sections.append("## Outliers and sublayer contribution by depth\n\nPer sublayer, at the last step the runs "
+                        "logged them, mean over seeds: excess kurtosis and max/median |activation| of the stream "
+                        "(`diag/kurtosis/*`, `diag/max_median/*`), each branch's norm over the stream's and their "
+                        "cosine (`diag/branch_ratio/*`, `diag/branch_cosine/*`), and the stream's cosine before and "
+                        f"after the sublayer (`diag/io_cosine/*`).\n\n![depth quantities]({DEPTH_QUANTITIES})")
     shown = [f"{caption}\n\n![{alt}]({name})" for name, (alt, caption) in _captions(analysis).items()
              if name in figures]
     if shown:

@@ -20,8 +20,8 @@ import pandas as pd
 from lit.errors import UserInputError
 from lit.sweep import protocol
 from lit.sweep.store import search_all_runs
+from lit.tracking.names import DEPTH_QUANTITY_PREFIXES, STREAM_RMS_PREFIX
 from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
-from lit.tracking.names import STREAM_RMS_PREFIX
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -214,7 +214,7 @@ def _tuning_table(children: list[Run]) -> pd.DataFrame:
 def is_supporting_metric(key: str) -> bool:
     """Metrics the report reads besides the compared one: size, throughput, batch size, diagnostics."""
     return (key in (protocol.PARAMETERS_METRIC, protocol.ITEMS_PER_STEP_METRIC) or is_throughput_metric(key)
-            or key.startswith(STREAM_RMS_PREFIX) or key == SPIKE_METRIC)
+            or key.startswith(STREAM_RMS_PREFIX) or key == SPIKE_METRIC or key.startswith(DEPTH_QUANTITY_PREFIXES))
 
 
 def is_throughput_metric(key: str) -> bool:

@@ -4,7 +4,8 @@ Attached by ``ArchitectureTask.configure_callbacks`` when ``--model.diagnostics.
 block, it names no plugin. On step ``s`` with ``s % interval == 0`` (and once more when training ends) it
 logs, at MLflow step ``s`` (the step ``train/loss`` of that batch is logged at):
 
-- ``stream``, ``attention``: a probe forward before the step's update (``lit/diagnostics/probe.py``);
+- ``stream``, ``attention``, ``outliers``, ``contribution``: a probe forward before the step's update
+  (``lit/diagnostics/probe.py``);
 - ``scalars``: every learned scalar that a module declared (``arch_plugins.diagnostics``);
 - ``grads``: gradient norms of step ``s`` before clipping (``on_before_optimizer_step``: after AMP unscaling,
   before Lightning's gradient clipping), the weight norms before the update, and ||W_after - W_before|| /
@@ -37,6 +38,7 @@ from lit.diagnostics.spikes import SpikeDetector
 from lit.tracking.names import SPIKE_COUNT
 
 log = logging.getLogger(__name__)
+PROBED = {"stream", "attention", "outliers", "contribution"}  # the groups a probe forward measures
 
 
 class Diagnostics(L.Callback):
@@ -136,10 +138,11 @@ class Diagnostics(L.Callback):
         if not self._works:
             return
         metrics: dict[str, torch.Tensor] = {}
-        if self.record & {"stream", "attention"}:
+        if self.record & PROBED:
             inputs = self.probe_inputs.to(pl_module.device)
             metrics.update(probe(pl_module, inputs, stream="stream" in self.record,
-                                 attention="attention" in self.record,
+                                 attention="attention" in self.record, outliers="outliers" in self.record,
+                                 contribution="contribution" in self.record,
                                  precision_context=trainer.precision_plugin.forward_context))
         if "scalars" in self.record:
             metrics.update(scalar_values(getattr(pl_module, "model", pl_module)))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Group = Literal["stream", "grads", "attention", "scalars", "spikes"]
-GROUPS: tuple[str, ...] = ("stream", "grads", "attention", "scalars", "spikes")
+Group = Literal["stream", "grads", "attention", "scalars", "spikes", "outliers", "contribution"]
+GROUPS: tuple[str, ...] = ("stream", "grads", "attention", "scalars", "spikes", "outliers", "contribution")
 
 
 @dataclass
@@ -19,9 +19,12 @@ class DiagnosticsConfig:
         record: which groups: ``stream`` (residual-stream and branch RMS by depth), ``grads`` (gradient, weight
             and update/weight norms per block and role), ``attention`` (entropy and max logit per layer),
             ``scalars`` (learned scalars that plugins declare), ``spikes`` (loss and gradient-norm spike score
-            and count; measured every step, logged at the interval and on every spike).
+            and count; measured every step, logged at the interval and on every spike), ``outliers`` (excess
+            kurtosis and max/median |activation| of the stream by depth, Outlier-Safe Pre-Training's measure),
+            ``contribution`` (each sublayer's branch against the stream: norm ratio and cosine; the stream's
+            cosine before and after each sublayer).
         probe_batch_size: samples of the fixed probe batch (the first of the first training batch this run
-            sees, kept in checkpoints) for ``stream`` and ``attention``.
+            sees, kept in checkpoints) for ``stream``, ``attention``, ``outliers`` and ``contribution``.
     """
 
     interval: int = 100

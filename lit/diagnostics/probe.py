@@ -1,5 +1,6 @@
 """A probe forward pass: the residual stream's scale by depth, each branch's scale, attention entropy and
-maximum logit per layer, and the output logits, on one fixed batch.
+maximum logit per layer, activation outliers by depth (``outliers.py``), each sublayer's contribution to the
+stream (``contribution.py``), and the output logits, on one fixed batch.
 
 How it stays out of the way of training:
 
@@ -25,6 +26,8 @@ import math
 import torch
 from torch import nn
 
+from lit.diagnostics.contribution import contribution_metrics
+from lit.diagnostics.outliers import outlier_metrics
 from lit.models.transformer import Attention, TransformerStack
 from lit.tracking.names import BRANCHES, EMBEDDING, FINAL, layer_name, stream_rms, sublayer_name
 
@@ -81,20 +84,22 @@ def _eager():
 
 
 @torch.no_grad()
-def probe(module: nn.Module, inputs: torch.Tensor, *, stream: bool, attention: bool,
-          precision_context=contextlib.nullcontext) -> dict[str, torch.Tensor]:
+def probe(module: nn.Module, inputs: torch.Tensor, *, stream: bool, attention: bool, outliers: bool = False,
+          contribution: bool = False, precision_context=contextlib.nullcontext) -> dict[str, torch.Tensor]:
     """Run ``module(inputs)`` once as described above; returns ``{metric name: 0-d tensor}`` (not yet synced).
 
     Names: ``diag/stream_rms/{embedding,layerNN.attn,layerNN.mlp,final}``, ``diag/branch_rms/layerNN.{attn,mlp}``
-    (stream), ``diag/attn_entropy/layerNN``, ``diag/attn_max_logit/layerNN`` (attention), and always
-    ``diag/logits_rms``, ``diag/logits_max``.
+    (stream), ``diag/attn_entropy/layerNN``, ``diag/attn_max_logit/layerNN`` (attention),
+    ``diag/kurtosis/<state>``, ``diag/max_median/<state>`` and ``diag/kurtosis/model`` (outliers; the states
+    named as ``stream_rms``'s), ``diag/branch_ratio/layerNN.{attn,mlp}``, ``diag/branch_cosine/...`` and
+    ``diag/io_cosine/...`` (contribution), and always ``diag/logits_rms``, ``diag/logits_max``.
     """
     stack = find_stack(module)
     captured: dict[str, object] = {}
     handles = []
     attentions: list[tuple[int, Attention]] = []
     stats: dict[str, torch.Tensor] = {}
-    if stack is not None and stream and len(stack.blocks):
+    if stack is not None and (stream or outliers or contribution) and len(stack.blocks):
         def read_history(block, args, kwargs, output):
             captured["history"] = args[1] if len(args) > 1 else kwargs["history"]
 
@@ -125,13 +130,22 @@ def probe(module: nn.Module, inputs: torch.Tensor, *, stream: bool, attention: b
         reshard(module)
     metrics = dict(stats)
     if "history" in captured:
-        history = captured["history"]
-        metrics[stream_rms(EMBEDDING)] = rms(history.states[0])
-        for i in range(len(stack.blocks)):
+        history, n_layers = captured["history"], len(stack.blocks)
+        # The residual stream after each sublayer, in the order it passes them.
+        states = {EMBEDDING: history.states[0]}
+        for i in range(n_layers):
             for j, branch in enumerate(BRANCHES):
-                metrics[stream_rms(sublayer_name(i, branch))] = rms(history.states[1 + 2 * i + j])
-                metrics[f"diag/branch_rms/{sublayer_name(i, branch)}"] = rms(history.branches[2 * i + j])
-        metrics[stream_rms(FINAL)] = rms(captured["final"])
+                states[sublayer_name(i, branch)] = history.states[1 + 2 * i + j]
+        states[FINAL] = captured["final"]
+        if stream:
+            metrics.update({stream_rms(name): rms(x) for name, x in states.items()})
+            for i in range(n_layers):
+                for j, branch in enumerate(BRANCHES):
+                    metrics[f"diag/branch_rms/{sublayer_name(i, branch)}"] = rms(history.branches[2 * i + j])
+        if outliers:
+            metrics.update(outlier_metrics(states, n_layers))
+        if contribution:
+            metrics.update(contribution_metrics(history, n_layers))
     metrics["diag/logits_rms"] = rms(logits)
     metrics["diag/logits_max"] = logits.detach().float().max()
     return metrics

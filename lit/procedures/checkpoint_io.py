@@ -47,14 +47,19 @@ class TrainedLM:
         return module
 
 
-def read_trained_lm(path: str | Path, command: str) -> TrainedLM:
+def read_checkpoint(path: str | Path, command: str) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """(path, checkpoint, hyperparameters) of a Lightning checkpoint file, or one line saying what is wrong."""
     path = Path(path)
     if not path.is_file():
         raise UserInputError(f"{command}: checkpoint not found: {path} (give a .ckpt file)")
     checkpoint = load_weights_only(path)
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise UserInputError(f"{command}: {path} is not a Lightning checkpoint (it has no state_dict)")
-    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    return path, checkpoint, dict(checkpoint.get("hyper_parameters") or {})
+
+
+def read_trained_lm(path: str | Path, command: str) -> TrainedLM:
+    path, checkpoint, hparams = read_checkpoint(path, command)
     class_path = hparams.get("_class_path", "")
     if not class_path.endswith("LanguageModel") or "arch" not in hparams:
         raise UserInputError(f"{command}: {path} is not a LanguageModel checkpoint ({class_path or 'no model class'}); "
@@ -87,3 +92,27 @@ def arch_flags(arch: TransformerConfig) -> str:
     """The command-line flags that give a run this checkpoint's norm strategy (for ``fit --model.init_from``)."""
     options = ", ".join(f"{k}: {v}" for k, v in arch.norm_options.items())
     return f"--model.arch.norm={arch.norm} --model.arch.norm_options='{{{options}}}'"
+
+
+def load_trained_task(path: str | Path, command: str) -> tuple[L.LightningModule, dict[str, Any]]:
+    """Any task module's checkpoint (LanguageModel, ImageClassifier, ...: its ``_class_path``) rebuilt with its
+    hyperparameters and its weights loaded; returns (module, hyperparameters)."""
+    import importlib
+
+    path, checkpoint, hparams = read_checkpoint(path, command)
+    class_path = hparams.get("_class_path", "")
+    module_name, _, class_name = class_path.rpartition(".")
+    try:
+        task = getattr(importlib.import_module(module_name), class_name) if module_name else None
+    except (ImportError, AttributeError):
+        task = None
+    if task is None or "arch" not in hparams:
+        raise UserInputError(f"{command}: {path} holds no task model this project can rebuild "
+                             f"({class_path or 'no model class'}); give a checkpoint written by `cli.py fit`")
+    accepted = inspect.signature(task.__init__).parameters
+    kwargs = {k: v for k, v in hparams.items() if k in accepted and k not in ("arch", "init_from")}
+    arch = hparams["arch"]
+    kwargs["arch"] = copy.deepcopy(arch) if isinstance(arch, TransformerConfig) else TransformerConfig(**dict(arch))
+    module = task(**kwargs)
+    module.load_state_dict(checkpoint["state_dict"])
+    return module, hparams

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from lit.errors import UserInputError
+from lit.errors import UserInputError, find_cause, report
 from lit.sweep import protocol as P
 from lit.sweep.grid import CONFIG_KEY, Child
 from lit.sweep.ladder import rung_tags
@@ -104,8 +104,7 @@ def run_child(manifest: dict, child: Child) -> int:
                 client.set_tag(tuning_run.info.run_id, P.FINAL, P.TRUE)
                 return 0
     except UserInputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        return report(exc)
     run_id = claim(client, experiment_id, manifest, child, tune_value)
     if run_id is None:
         return OWNED_ELSEWHERE_EXIT
@@ -182,13 +181,7 @@ def _divergence(exc: BaseException):
     """The ``NonFiniteLossError`` behind a fit that exited (the CLI turns it into one line and an exit)."""
     from lit.callbacks.non_finite import NonFiniteLossError
 
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, NonFiniteLossError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return find_cause(exc, NonFiniteLossError)
 
 
 def load_manifest(path: str | Path) -> dict:
@@ -234,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         settle_unfinished_runs(client, runs)
     except UserInputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        return report(exc)
     code = run_child(manifest, child)
     # An outcome is a success for the scheduler: the seed array waits on the tuning array with afterok.
     return 0 if code in (DIVERGED_EXIT, ALL_DIVERGED_EXIT, OWNED_ELSEWHERE_EXIT) else code

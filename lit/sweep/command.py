@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from lit.errors import OneLineArgumentParser, UserInputError
+from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.sweep import ladder
 from lit.sweep import protocol as P
 from lit.sweep.grid import Child, Tuning, Variant, build_children, build_variants, find_baseline, parse_values, sweep_id
@@ -224,14 +224,12 @@ def _tuning(a: argparse.Namespace, seeds: list[int], base: int, steps: int | Non
     return Tuning(key, values, short, tune_seed, reuse_seed_run=False)
 
 
+@one_line_errors
 def main(argv: list[str]) -> int:
     started = time.time()
     try:
         a, fit_options = parser().parse_known_args(argv)
         return _sweep(a, fit_options, started)
-    except UserInputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
     except KeyboardInterrupt:
         sys.stderr.write("interrupted: rerun the same command to resume (finished runs are kept)\n")
         return 130

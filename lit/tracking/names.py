@@ -33,6 +33,9 @@ def plugin_tag(kind: str) -> str:
 # --- diagnostics metrics read by compare ---
 DIAGNOSTICS_PREFIX = "diag/"
 STREAM_RMS_PREFIX = "diag/stream_rms/"  # + a sublayer name: the residual stream's RMS after it
+# Per-sublayer quantities the compare report draws by depth beside the stream RMS (lit/compare/depth_quantities.py).
+DEPTH_QUANTITY_PREFIXES = ("diag/kurtosis/", "diag/max_median/", "diag/branch_ratio/", "diag/branch_cosine/",
+                           "diag/io_cosine/")
 SPIKE_COUNT = "diag/spike_count"
 EMBEDDING, FINAL = "embedding", "final"
 BRANCHES = ("attn", "mlp")  # a block's two sublayers, in the order the stream passes them

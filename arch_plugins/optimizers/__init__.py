@@ -1,0 +1,1 @@
+"""Optimizers selected by ``--model.optimizer`` (entry-point group ``arch_plugins.optimizer``), routed by role."""

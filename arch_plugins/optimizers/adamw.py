@@ -1,0 +1,53 @@
+"""AdamW for every parameter, with per-role learning-rate and weight-decay multipliers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from arch_plugins.declarations import parameter_roles
+from arch_plugins.interfaces import OptimizerType
+from arch_plugins.optimizers.routing import (
+    Scales,
+    check_betas,
+    check_multipliers,
+    own_betas,
+    param_groups,
+    settings,
+)
+
+
+class AdamWOptimizer(OptimizerType):
+    """AdamW (decoupled weight decay) for all parameters: the default, nanoGPT's recipe.
+
+    Matrices and embeddings decay, vectors and scalars do not, unless a module declares otherwise
+    (``declare_weight_decay``). Without multipliers this is exactly the optimizer the project always built: two
+    groups (decay, no decay) in the model's parameter order.
+
+    Args:
+        lr_multipliers: the learning rate of a role or kind relative to ``--model.lr``, e.g.
+            ``{embedding: 0.3, head: 0.003125, vector: 0.01}`` (a role's entry wins over its kind's).
+        wd_multipliers: the weight decay of a role or kind relative to ``--model.weight_decay`` (parameters
+            that do not decay stay at 0).
+        role_betas: Adam betas of a role or kind where they differ from ``--model.betas``, e.g.
+            ``{embedding: [0.8, 0.95], head: [0.8, 0.95]}``.
+        eps: Adam's epsilon.
+    """
+
+    def __init__(self, lr_multipliers: dict[str, float] | None = None,
+                 wd_multipliers: dict[str, float] | None = None,
+                 role_betas: dict[str, list[float]] | None = None, eps: float = 1e-8):
+        self.lr_multipliers = check_multipliers("lr_multipliers", lr_multipliers)
+        self.wd_multipliers = check_multipliers("wd_multipliers", wd_multipliers)
+        self.role_betas = check_betas(role_betas)
+        self.eps = float(eps)
+
+    def build(self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
+              scales: Scales | None = None) -> torch.optim.AdamW:
+        # strict=False: a third-party plugin that predates roles still trains (its matrices decay, by shape).
+        roles = parameter_roles(model, strict=False)
+        found = settings(model, roles, lr_multipliers=self.lr_multipliers, wd_multipliers=self.wd_multipliers,
+                         scales=scales, role_betas=self.role_betas)
+        groups = param_groups([(p.param, {"lr": lr * m, "lr_ratio": m, "weight_decay": weight_decay * w,
+                                          **own_betas(self.role_betas, p)}) for p, m, w in found])
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=self.eps)

@@ -1,0 +1,201 @@
+"""Muon for hidden matrices, AdamW for everything else, routed by declared role; fused matrices split per part.
+
+Muon (Keller Jordan, 2024; ``torch.optim.Muon``) replaces each hidden matrix's momentum by its nearest
+semi-orthogonal matrix (five quintic Newton-Schulz steps in bf16) before the step. Only matrices whose both
+dimensions grow with width qualify: an embedding or a head is 2-D too but must stay on AdamW (the shape alone
+cannot tell them apart, and misrouting them degrades training silently), and so do vectors and scalars.
+
+The update of one matrix is ``torch.optim.Muon``'s, computed with its own Newton-Schulz routine: momentum in
+lerp form (Nesterov by default), decoupled weight decay ``p *= 1 - lr * wd`` at the unadjusted learning rate,
+and the step ``-adjusted_lr * orthogonalised(update)``. A fused matrix (q|k|v, value|gate) is orthogonalised
+per logical matrix, each with its own shape's adjustment, as if the parts were separate parameters:
+orthogonalising the block as one matrix is a different (and worse) optimizer.
+
+Learning-rate adjustment rules (``adjust_lr``), with A x B the (rows, columns) of the matrix:
+
+- ``original``: sqrt(max(1, A / B)) (KellerJordan/Muon, modded-nanogpt, ``torch.optim.Muon``'s default);
+- ``match_rms_adamw``: 0.2 * sqrt(max(A, B)) (Moonlight): the update's RMS matches AdamW's, so Muon can share
+  AdamW's learning rate and weight decay;
+- ``spectral``: sqrt(A / B) (Bernstein's spectral scaling; dion, torch's ``spectral_unclamped``).
+
+Distributed: under data parallelism (DDP) every process holds the whole, all-reduced gradient and computes the
+same update, so N processes equal one. Under FSDP2 a process holds a row shard of each matrix and Newton-Schulz
+needs the whole matrix, so this optimizer refuses sharded (DTensor) hidden matrices instead of orthogonalising
+shards.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.optim._muon import _zeropower_via_newtonschulz
+
+from arch_plugins.declarations import ParameterRole, UndeclaredRoleError, parameter_roles
+from arch_plugins.interfaces import Kind, OptimizerType
+from arch_plugins.optimizers.routing import (
+    Scales,
+    check_betas,
+    check_multipliers,
+    own_betas,
+    param_groups,
+    settings,
+)
+from arch_plugins.registry import PluginError
+
+ADJUST_LR = {
+    "original": lambda rows, cols: math.sqrt(max(1.0, rows / cols)),
+    "match_rms_adamw": lambda rows, cols: 0.2 * math.sqrt(max(rows, cols)),
+    "spectral": lambda rows, cols: math.sqrt(rows / cols),
+}
+NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+
+
+def is_sharded(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a DTensor split across processes (FSDP2, tensor parallelism)."""
+    placements = getattr(param, "placements", None)
+    return placements is not None and any(not p.is_replicate() for p in placements)
+
+
+class MuonWithAdamW(torch.optim.AdamW):
+    """One optimizer: param groups with ``muon: True`` step by Muon, the others by AdamW.
+
+    One object (not two optimizers) so that Lightning's automatic optimization, the checkpoint and the
+    learning-rate schedule see one optimizer with all its groups. A Muon group carries ``momentum``,
+    ``nesterov``, ``ns_steps``, ``adjust_lr`` and, per parameter, the row slices of its logical matrices
+    (``slices``: one list per parameter, each ``(start, stop)``).
+    """
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        everything = self.param_groups
+        try:  # AdamW's own step, over the AdamW groups only
+            self.param_groups = [g for g in everything if not g.get("muon", False)]
+            super().step()
+        finally:
+            self.param_groups = everything
+        for group in everything:
+            if group.get("muon", False):
+                self._muon_step(group)
+        return loss
+
+    def _muon_step(self, group: dict) -> None:
+        lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+        adjust = ADJUST_LR[group["adjust_lr"]]
+        for param, slices in zip(group["params"], group["slices"], strict=True):
+            if param.grad is None:
+                continue
+            grad = param.grad
+            state = self.state[param]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+                # AdamW's loader expects a step count in every state (and it is worth having).
+                state["step"] = torch.tensor(0.0)
+            state["step"] += 1
+            buf = state["momentum_buffer"]
+            buf.lerp_(grad, 1 - momentum)
+            update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+            parts = [(start, stop, _zeropower_via_newtonschulz(update[start:stop], NS_COEFFICIENTS,
+                                                                group["ns_steps"], 1e-7)) for start, stop in slices]
+            param.mul_(1 - lr * wd)
+            for start, stop, orthogonal in parts:
+                param[start:stop].add_(orthogonal, alpha=-lr * adjust(stop - start, param.shape[1]))
+
+
+class MuonOptimizer(OptimizerType):
+    """Muon for hidden matrices (q, k, v, attention output, MLP in/gate/out), AdamW for the rest.
+
+    Routed by each parameter's declared kind: ``hidden`` goes to Muon, ``embedding``, ``head``, ``vector``,
+    ``scalar`` and the roles listed in ``adamw_roles`` go to AdamW. Fused q|k|v and value|gate matrices are
+    orthogonalised per logical matrix. Undeclared parameters are an error (routing them by shape is the
+    classic silent mistake). Refuses FSDP2-sharded matrices (Newton-Schulz needs the whole matrix); DDP is exact.
+
+    Args:
+        lr: Muon's peak learning rate, before ``adjust_lr``; None: ``--model.lr`` (pair with ``match_rms_adamw``).
+            Keller Jordan's recipe: 0.02 with ``original``.
+        weight_decay: Muon's decoupled weight decay; None: ``--model.weight_decay``.
+        momentum: Muon's momentum (0.95).
+        nesterov: Nesterov momentum, as the reference.
+        ns_steps: Newton-Schulz iterations (5).
+        adjust_lr: ``original`` (sqrt(max(1, rows/cols)), Keller Jordan, torch's default), ``match_rms_adamw``
+            (0.2 sqrt(max(rows, cols)), Moonlight) or ``spectral`` (sqrt(rows/cols), Bernstein).
+        adamw_roles: roles of kind ``hidden`` that go to AdamW instead (e.g. a plugin's matrices that are not
+            linear maps of the stream).
+        lr_multipliers: per role or kind, relative to the group's learning rate (Muon's for hidden matrices,
+            ``--model.lr`` for the rest), e.g. ``{mlp_out: 2, embedding: 0.3, head: 0.003125}``.
+        wd_multipliers: per role or kind, relative to the group's weight decay.
+        role_betas: AdamW betas of a role or kind where they differ from ``--model.betas``.
+        eps: AdamW's epsilon.
+    """
+
+    def __init__(self, lr: float | None = None, weight_decay: float | None = None, momentum: float = 0.95,
+                 nesterov: bool = True, ns_steps: int = 5, adjust_lr: str = "match_rms_adamw",
+                 adamw_roles: list[str] | None = None, lr_multipliers: dict[str, float] | None = None,
+                 wd_multipliers: dict[str, float] | None = None, role_betas: dict[str, list[float]] | None = None,
+                 eps: float = 1e-8):
+        if adjust_lr not in ADJUST_LR:
+            raise PluginError(f"adjust_lr {adjust_lr!r} is not one of {', '.join(ADJUST_LR)}")
+        if lr is not None and not lr > 0:
+            raise PluginError(f"lr must be > 0 (or null for --model.lr), got {lr}")
+        if not 0 <= momentum < 1:
+            raise PluginError(f"momentum must be in [0, 1), got {momentum}")
+        if not (isinstance(ns_steps, int) and 0 < ns_steps < 100):
+            raise PluginError(f"ns_steps must be an integer in 1..99, got {ns_steps!r}")
+        self.lr, self.weight_decay, self.momentum, self.nesterov = lr, weight_decay, float(momentum), bool(nesterov)
+        self.ns_steps, self.adjust_lr, self.adamw_roles = ns_steps, adjust_lr, set(adamw_roles or ())
+        self.lr_multipliers = check_multipliers("lr_multipliers", lr_multipliers)
+        self.wd_multipliers = check_multipliers("wd_multipliers", wd_multipliers)
+        self.role_betas = check_betas(role_betas)
+        self.eps = float(eps)
+
+    def takes(self, p: ParameterRole) -> bool:
+        """Whether parameter ``p`` steps by Muon."""
+        parts = {role for role, _, _ in p.slices} if p.slices else {p.role}
+        return p.kind == Kind.HIDDEN and not parts & self.adamw_roles and p.role not in self.adamw_roles
+
+    def routing(self, model: nn.Module) -> dict[str, str]:
+        """``{parameter name: "muon" | "adamw"}``: what the recipe's settings route where."""
+        return {p.name: "muon" if self.takes(p) else "adamw" for p in self._roles(model)}
+
+    def _roles(self, model: nn.Module) -> list[ParameterRole]:
+        try:
+            return parameter_roles(model, strict=True)
+        except UndeclaredRoleError as exc:
+            raise PluginError(f"muon routes parameters by their declared role: {exc}") from exc
+
+    def build(self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
+              scales: Scales | None = None) -> MuonWithAdamW:
+        roles = self._roles(model)
+        muon_lr = lr if self.lr is None else self.lr
+        muon_wd = weight_decay if self.weight_decay is None else self.weight_decay
+        entries = []
+        for p, lr_mult, wd_mult in settings(model, roles, lr_multipliers=self.lr_multipliers,
+                                            wd_multipliers=self.wd_multipliers, scales=scales,
+                                            role_betas=self.role_betas):
+            if not self.takes(p):
+                entries.append((p, {"lr": lr * lr_mult, "lr_ratio": lr_mult, "weight_decay": weight_decay * wd_mult,
+                                    "muon": False, **own_betas(self.role_betas, p)}))
+                continue
+            if p.param.dim() != 2:
+                raise PluginError(f"{p.name} (role {p.role}, shape {tuple(p.param.shape)}) is a hidden parameter "
+                                  f"but not a matrix; Muon orthogonalises matrices: route its role to AdamW with "
+                                  f"--model.optimizer_options.adamw_roles=[{p.role}]")
+            if is_sharded(p.param):
+                raise PluginError("muon needs whole matrices and this run shards them (FSDP2); Muon under FSDP2 "
+                                  "is not implemented: train with DDP (--trainer.strategy=ddp) or "
+                                  "--model.optimizer=adamw")
+            entries.append((p, {"lr": muon_lr * lr_mult, "lr_ratio": muon_lr * lr_mult / lr if lr else lr_mult,
+                                "weight_decay": muon_wd * wd_mult, "muon": True, "momentum": self.momentum,
+                                "nesterov": self.nesterov, "ns_steps": self.ns_steps, "adjust_lr": self.adjust_lr}))
+        groups = param_groups([(p.param, options) for p, options in entries])
+        slices = {id(p.param): [(a, b) for _, a, b in p.slices] if p.slices else [(0, p.param.shape[0])]
+                  for p, options in entries if options["muon"]}
+        for group in groups:
+            if group["muon"]:
+                group["slices"] = [slices[id(param)] for param in group["params"]]
+        return MuonWithAdamW(groups, lr=lr, betas=tuple(betas), eps=self.eps)
