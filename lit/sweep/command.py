@@ -362,6 +362,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     n_variants, n_tune = len(proto["variants"]), sum(c.phase == "tune" for c in children)
     what = "new" if parent is None else (f"extended from {len(stored_seeds)} seeds" if extended else "resumed")
     print(f"sweep {proto['sweep_id']} ({what}): {n_variants} variants x {len(proto['seeds'])} seeds"
+          + (f" x {len(proto['ladder']['rungs'])} rungs" if proto.get("ladder") else "")
           + (f", {n_tune} tuning runs" if n_tune else "") + f"; parent run {parent_id} in experiment "
           f"{experiment!r} ({uri}); reports {proto['report_metric']}", flush=True)
     if a.launch == "slurm":
