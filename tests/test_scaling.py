@@ -195,6 +195,8 @@ def test_ladder_child_runs_carry_rung_tags():
     (("--ladder", "d_model=32;d_model=64"), "at least 3"),
     (("--ladder", LADDER), "no token budget"),
     (("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr", "transfer"), "needs a parametrization"),
+    (("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr", "transfer", "--model.arch.parametrization=sp"),
+     "needs a parametrization"),
     (("--tokens_per_param", "20"), "only with --ladder"),
     (("--ladder", "d_model=64,n_heads=2;d_model=48,n_heads=2;d_model=32,n_heads=2", "--tokens_per_param", "20"),
      "grow in compute"),
@@ -203,6 +205,12 @@ def test_ladder_child_runs_carry_rung_tags():
 def test_ladder_mistakes_are_one_line_errors(extra, message):
     with pytest.raises(UserInputError, match=message):
         plan_ladder(*extra)
+
+
+def test_ladder_lr_transfer_is_accepted_with_a_parametrization():
+    proto, _, _ = plan_ladder("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr", "transfer",
+                              "--model.arch.parametrization=mup")
+    assert proto["ladder"]["lr"] == "transfer" and "transferred to each rung by the mup" in proto["ladder"]["lr_rule"]
 
 
 def test_ladder_file_syntax(tmp_path):

@@ -307,16 +307,21 @@ def plan(a, fit_options: list[str], recipe: str, variants: list, baseline, measu
         if clash:
             raise UserInputError(f"variant {v.label!r} sets {clash[0]}, which the ladder's rungs set; vary it "
                                  "through --ladder, or drop it from the variant")
+    from lit.sweep.command import option_value
+
     arch = _config_value([recipe] + [v for k, v in baseline.overrides.items() if k == CONFIG_KEY],
                          ARCH_PREFIX.rstrip(".")) or {}
-    lr_rule = check_lr_rule(a.ladder_lr, arch if isinstance(arch, dict) else {})
+    arch = dict(arch) if isinstance(arch, dict) else {}
+    for key in (ARCH_PREFIX + PARAMETRIZATION_KEY, "model.arch." + PARAMETRIZATION_KEY):  # later ones win
+        given = option_value(fit_options, key) or baseline.overrides.get(key)
+        if given:
+            arch[PARAMETRIZATION_KEY] = given
+    lr_rule = check_lr_rule(a.ladder_lr, arch)
     base_args = [*([x for k, v in baseline.overrides.items() if k == CONFIG_KEY for x in ("--config", v)]),
                  *fit_options, *(f"--{k}={v}" for k, v in baseline.overrides.items() if k != CONFIG_KEY)]
     args_by_rung = [["--config", recipe, *base_args, *(f"--{k}={v}" for k, v in r.overrides.items())]
                     for r in rungs]
     measured = (measure_fn or (lambda x: in_fork(measure, x)))(args_by_rung)
-    from lit.sweep.command import option_value
-
     log_every = option_value(fit_options, "trainer.log_every_n_steps") or _config_value(
         [recipe], "trainer.log_every_n_steps") or DEFAULT_LOG_EVERY
     sized = size_rungs(rungs, [tuple(m) for m in measured], a.tokens_per_param, int(log_every))
