@@ -18,7 +18,7 @@ from lit.compare.analysis import Analysis, analyze, family_name, tested_p_values
 from lit.compare.plots import draw_all
 from lit.compare.report import render, render_plan
 from lit.compare.runs import Sweep, connect, family_parents, find_parent, load_sweep
-from lit.errors import OneLineArgumentParser, UserInputError
+from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.sweep import protocol
 from lit.tracking.uri import resolve_tracking_uri
 
@@ -43,6 +43,11 @@ diag/stream_rms/* metrics. The metric's direction comes from --mode, else the pr
 
 With --plan --effect E, prints instead, per comparison, the paired seeds needed to detect a difference of E.
 
+With --scaling, reports a ladder sweep (`cli.py sweep --ladder`) instead: per variant, the fitted law L = E +
+A C^-alpha (E shared, or pinned with --irreducible), the effective-compute multiplier against the baseline at each
+rung and at --target_compute with paired-bootstrap intervals, the wall-clock multiplier beside it, whether the
+multiplier changes with scale, the hold-out check at the largest rung, and loss-vs-compute and multiplier figures.
+
 Writes report.md and PNG figures into --out, prints the Markdown, and logs the files into the parent run
 under the artifact folder report/."""
 
@@ -52,7 +57,8 @@ examples:
   python cli.py compare --sweep 3f2a9c... --metric val/acc1 --baseline layernorm --out compare/norms
   python cli.py compare --experiment norms --require_test   # fail unless every variant has >=2 paired seeds
   python cli.py compare --experiment norms --parity rmsnorm --equivalence_margin 0.01
-  python cli.py compare --experiment norms --plan --effect 0.02   # seeds needed to see a 0.02 difference"""
+  python cli.py compare --experiment norms --plan --effect 0.02   # seeds needed to see a 0.02 difference
+  python cli.py compare --experiment ladder --scaling --target_compute 1e13   # a ladder's multipliers"""
 
 
 def confidence_level(text: str) -> float:
@@ -103,6 +109,20 @@ def build_parser() -> argparse.ArgumentParser:
                              "the family's alpha/m, and the MDE at today's seeds; writes no report")
     parser.add_argument("--effect", type=positive_number, metavar="E",
                         help="with --plan: the mean paired difference to detect, in the metric's units")
+    scaling = parser.add_argument_group("ladder sweeps")
+    scaling.add_argument("--scaling", action="store_true",
+                         help="report a ladder sweep: laws, effective-compute multipliers with intervals, trend")
+    scaling.add_argument("--irreducible", type=positive_number, metavar="E",
+                         help="with --scaling: pin the laws' irreducible loss E (default: fitted, shared by all "
+                              "variants)")
+    scaling.add_argument("--target_compute", type=positive_number, metavar="FLOPS",
+                         help="with --scaling: the compute the headline multiplier is read at (default: the "
+                              "baseline's largest rung; at most 10x beyond it)")
+    scaling.add_argument("--resamples", type=int, default=2000, metavar="B",
+                         help="with --scaling: paired bootstrap resamples (default 2000)")
+    scaling.add_argument("--calibration_ladders", type=int, default=200, metavar="N",
+                         help="with --scaling: simulated ladders that check the interval at this ladder's noise "
+                              "(default 200; 0 skips)")
     return parser
 
 
@@ -116,6 +136,7 @@ def positive_number(text: str) -> float:
     return value
 
 
+@one_line_errors
 def main(argv: list[str]) -> int:
     """Run ``compare`` with ``argv`` (the arguments after ``compare``); returns the exit code."""
     try:
@@ -123,13 +144,15 @@ def main(argv: list[str]) -> int:
         return compare(args)
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
-    except UserInputError as exc:
-        sys.stderr.write(f"error: {' '.join(str(exc).split())}\n")
-        return 2
 
 
 def compare(args: argparse.Namespace) -> int:
     """The command once its arguments are parsed: read, analyse, draw, write, publish."""
+    if args.scaling:
+        return compare_scaling(args)
+    for flag, value in (("--irreducible", args.irreducible), ("--target_compute", args.target_compute)):
+        if value is not None:
+            raise UserInputError(f"{flag} is read only with --scaling (a ladder sweep's report); add --scaling")
     if args.plan and args.effect is None:
         raise UserInputError("--plan needs --effect E: the mean paired difference to plan for, in the metric's "
                              "units (like --effect 0.02 for a loss)")
@@ -150,6 +173,34 @@ def compare(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     figures = draw_all(analysis, out)
     markdown = render(analysis, figures)
+    (out / REPORT_FILE).write_text(markdown)
+    publish(client, sweep.parent_id, out, [REPORT_FILE, *figures])
+    sys.stdout.write(markdown)
+    sys.stderr.write(f"wrote {out / REPORT_FILE} and {len(figures)} figures; logged to run {sweep.parent_id} "
+                     f"under {protocol.REPORT_DIR}/\n")
+    return 0
+
+
+def compare_scaling(args: argparse.Namespace) -> int:
+    """``--scaling``: a ladder sweep's laws and multipliers, written and published like the comparison report."""
+    from lit.compare.ladder_runs import load_ladder
+    from lit.compare.scaling_report import analyze_scaling, draw_scaling, render_scaling
+
+    if args.plan or args.effect is not None:
+        raise UserInputError("--plan plans the seeds of a comparison at one size; drop it with --scaling")
+    if args.resamples < 100:
+        raise UserInputError(f"--resamples must be at least 100 for a usable interval, got {args.resamples}")
+    if args.calibration_ladders < 0:
+        raise UserInputError(f"--calibration_ladders must be 0 (skip) or more, got {args.calibration_ladders}")
+    client = connect(resolve_tracking_uri(args.tracking_uri))
+    parent = find_parent(client, experiment=args.experiment, sweep_run_id=args.sweep)
+    sweep = load_ladder(client, parent, args.metric, args.baseline)
+    analysis = analyze_scaling(sweep, args.irreducible, args.target_compute, args.confidence, args.resamples,
+                               args.calibration_ladders)
+    out = Path(args.out) if args.out else Path("compare") / str(sweep.protocol.get("sweep_id", parent.info.run_id))[:8]
+    out.mkdir(parents=True, exist_ok=True)
+    figures = draw_scaling(analysis, out)
+    markdown = render_scaling(analysis, figures)
     (out / REPORT_FILE).write_text(markdown)
     publish(client, sweep.parent_id, out, [REPORT_FILE, *figures])
     sys.stdout.write(markdown)

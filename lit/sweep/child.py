@@ -18,9 +18,10 @@ import json
 import sys
 from pathlib import Path
 
-from lit.errors import UserInputError, find_cause
+from lit.errors import UserInputError, find_cause, report
 from lit.sweep import protocol as P
 from lit.sweep.grid import CONFIG_KEY, Child
+from lit.sweep.ladder import rung_tags
 
 DIVERGED_EXIT = 3  # the run diverged: recorded as its outcome, never rerun
 ALL_DIVERGED_EXIT = 4  # a seed run not started: every tuning value of its variant diverged
@@ -67,11 +68,15 @@ def child_tags(manifest: dict, child: Child, tune_value: str | None) -> dict[str
         tags[P.TUNE_VALUE] = str(child.tune_value if child.phase == "tune" else tune_value)
     if child.phase == "seed":
         tags[P.FINAL] = P.TRUE
+    tags.update(rung_tags(manifest, child))
     return tags
 
 
 def run_name(child: Child) -> str:
-    return f"{child.variant} | " + (f"tune {child.tune_value}" if child.phase == "tune" else f"seed {child.seed}")
+    rung = f"rung {child.rung} | " if child.rung is not None else ""
+    what = {"tune": f"tune {child.tune_value}", "seed": f"seed {child.seed}"}.get(child.phase,
+                                                                                    f"{child.phase} {child.tune_value}")
+    return f"{child.variant} | {rung}{what}"
 
 
 def run_child(manifest: dict, child: Child) -> int:
@@ -99,8 +104,7 @@ def run_child(manifest: dict, child: Child) -> int:
                 client.set_tag(tuning_run.info.run_id, P.FINAL, P.TRUE)
                 return 0
     except UserInputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        return report(exc)
     run_id = claim(client, experiment_id, manifest, child, tune_value)
     if run_id is None:
         return OWNED_ELSEWHERE_EXIT
@@ -223,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         settle_unfinished_runs(client, runs)
     except UserInputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        return report(exc)
     code = run_child(manifest, child)
     # An outcome is a success for the scheduler: the seed array waits on the tuning array with afterok.
     return 0 if code in (DIVERGED_EXIT, ALL_DIVERGED_EXIT, OWNED_ELSEWHERE_EXIT) else code

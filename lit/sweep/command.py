@@ -22,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from lit.errors import OneLineArgumentParser, UserInputError
+from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
+from lit.sweep import ladder
 from lit.sweep import protocol as P
 from lit.sweep.grid import Child, Tuning, Variant, build_children, build_variants, find_baseline, parse_values, sweep_id
 from lit.sweep.identity import changes, identity
@@ -93,6 +94,7 @@ def parser() -> argparse.ArgumentParser:
                    help="run here, or write a SLURM job-array script and a manifest instead")
     p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                    help="an #SBATCH line for the job arrays, e.g. --sbatch=--gpus-per-task=1 (repeatable)")
+    ladder.add_options(p)
     p.add_argument("--out", help="folder for the manifest, logs, checkpoints and scripts (default: sweeps/<id>)")
     return p
 
@@ -134,7 +136,8 @@ def default_report_metric(metric: str, has_test_split: bool) -> str:
     return metric
 
 
-def build_protocol(a: argparse.Namespace, fit_options: list[str]) -> tuple[dict, list[Variant], Tuning | None]:
+def build_protocol(a: argparse.Namespace, fit_options: list[str],
+                   measure_fn=None) -> tuple[dict, list[Variant], Tuning | None]:
     """The protocol of the sweep this command describes, before the store is read (seeds: ``--seeds``).
 
     ``core`` holds what the runs are (its hash finds the sweep again); the rest is checked on resume.
@@ -181,6 +184,9 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str]) -> tuple[dict,
     core = {"recipe": str(recipe_path), "variants": [{"label": v.label, "overrides": v.overrides} for v in variants],
             "baseline": baseline.label, "seed_base": base, "metric": a.metric, "mode": mode, "tune": tune,
             "fit_args": fit_options, "steps": steps, "report_metric": a.report_metric}
+    rungs = ladder.plan(a, fit_options, str(recipe_path), variants, baseline, measure_fn)
+    if rungs is not None:  # absent, not null, outside a ladder: the ids of sweeps written before ladders stand
+        core["ladder"] = rungs
     proto = {**core, "seeds": seeds, "family": a.family, "equivalence": equivalence,
              "identity": identity(recipe_path, variants)}
     if tune is not None:
@@ -218,14 +224,12 @@ def _tuning(a: argparse.Namespace, seeds: list[int], base: int, steps: int | Non
     return Tuning(key, values, short, tune_seed, reuse_seed_run=False)
 
 
+@one_line_errors
 def main(argv: list[str]) -> int:
     started = time.time()
     try:
         a, fit_options = parser().parse_known_args(argv)
         return _sweep(a, fit_options, started)
-    except UserInputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
     except KeyboardInterrupt:
         sys.stderr.write("interrupted: rerun the same command to resume (finished runs are kept)\n")
         return 130
@@ -289,7 +293,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     from lit.tracking.uri import resolve_tracking_uri, sqlite_creation_lock
 
     proto, variants, tuning = build_protocol(a, fit_options)
-    core = {k: proto[k] for k in CORE_FIELDS}
+    core = {k: proto[k] for k in CORE_FIELDS if k in proto}
     core["tune"] = None if proto["tune"] is None else {k: v for k, v in proto["tune"].items() if k != "description"}
     lineage = sweep_id(core)
     experiment = a.experiment or f"sweep-{Path(a.config).stem}"
@@ -316,7 +320,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
         proto = {**proto, "sweep_id": sweep_id({**core, "identity": hashed, "generation": generation})}
         proto["family"] = proto["family"] or proto["sweep_id"]
         parent, extended, stored_seeds = None, False, []
-    children = build_children(variants, proto["seeds"], tuning)
+    children = ladder.expand(build_children(variants, proto["seeds"], tuning), proto.get("ladder"))
     runs = child_runs(client, experiment_id, proto["sweep_id"]) if parent is not None else []
     stale, live = settle_unfinished_runs(client, runs)
     done = done_by_key(runs)
@@ -358,6 +362,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     n_variants, n_tune = len(proto["variants"]), sum(c.phase == "tune" for c in children)
     what = "new" if parent is None else (f"extended from {len(stored_seeds)} seeds" if extended else "resumed")
     print(f"sweep {proto['sweep_id']} ({what}): {n_variants} variants x {len(proto['seeds'])} seeds"
+          + (f" x {len(proto['ladder']['rungs'])} rungs" if proto.get("ladder") else "")
           + (f", {n_tune} tuning runs" if n_tune else "") + f"; parent run {parent_id} in experiment "
           f"{experiment!r} ({uri}); reports {proto['report_metric']}", flush=True)
     if a.launch == "slurm":
@@ -400,7 +405,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
 
 
 CORE_FIELDS = ("recipe", "variants", "baseline", "seed_base", "metric", "mode", "tune", "fit_args", "steps",
-               "report_metric")
+               "report_metric", "ladder")
 LAUNCHED = P.PREFIX + "launched"
 
 

@@ -184,6 +184,7 @@ class Child:
     steps: int | None = None  # a budget other than the sweep's (shorter tuning runs)
     tune_value: str | None = None  # tuning runs: their value; seed runs of a tuned variant: None until picked
     reuse: bool = False  # a seed run that is the tuning run at the picked value (nothing to train)
+    rung: int | None = None  # a ladder sweep's rung (lit/sweep/ladder.py); None outside a ladder
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -46,6 +46,14 @@ tuning runs are all ``OUTCOME = "diverged"`` is diverged at every value: its see
 A child is done (never rerun) when it is FINISHED with ``OUTCOME = "finished"`` or FAILED with
 ``OUTCOME = "diverged"``; a FINISHED run without ``OUTCOME`` was stopped before its test and is marked
 KILLED when the sweep resumes. Owner and heartbeat tags: ``lit/sweep/ownership.py``.
+
+Ladder sweeps (``--ladder``) add the protocol field ``"ladder"``: ``{"rungs": [{"index", "label", "overrides",
+"parameters", "flops_per_token", "tokens", "steps", "compute"}], "tokens_per_param", "lr": "fixed"|"transfer",
+"lr_rule", "lr_check", "warmup_fraction", "variant_lr": {label: lr}}`` (parameters, FLOPs and compute: the
+baseline's at that rung), and on every child run the tags ``RUNG`` (the rung's index, 0 the smallest),
+``RUNG_SIZE`` (its keys as written), ``RUNG_TOKENS`` and ``RUNG_COMPUTE`` (the baseline's planned FLOPs; a run's
+own FLOPs are its last ``train/flops``). Learning-rate check runs have ``PHASE = "lr_check"`` and
+``LR_CHECK_VALUE``; they are never final.
 """
 
 from __future__ import annotations
@@ -63,6 +71,11 @@ TUNE_VALUE = PREFIX + "tune_value"
 FINAL = PREFIX + "final"
 OUTCOME = PREFIX + "outcome"
 DIVERGED_STEP = PREFIX + "diverged_step"
+RUNG = PREFIX + "rung"
+RUNG_SIZE = PREFIX + "rung_size"
+RUNG_TOKENS = PREFIX + "rung_tokens"
+RUNG_COMPUTE = PREFIX + "rung_compute"
+LR_CHECK_VALUE = PREFIX + "lr_check_value"
 PARENT_RUN = "mlflow.parentRunId"
 
 PROTOCOL_FILE = "protocol.json"
@@ -71,6 +84,8 @@ REPORT_DIR = "report"  # the parent run's artifact folder for compare's Markdown
 PARAMETERS_METRIC = "model/parameters"
 ITEMS_PER_STEP_METRIC = "train/items_per_step"
 THROUGHPUT_METRICS = ("train/tokens_per_s", "train/images_per_s", "train/samples_per_s")
+FLOPS_METRIC = "train/flops"  # training FLOPs spent so far, logged every step: its last value is the run's compute
+FLOPS_PER_ITEM_METRICS = ("model/flops_per_token", "model/flops_per_image")
 
 
 PARENT, CHILD = "parent", "child"  # values of ROLE

@@ -1,0 +1,420 @@
+"""Scaling ladders: the law fit and the multiplier (noise-free identities), the interval's calibration by
+simulation, ``sweep --ladder``'s plan and tags, and ``compare --scaling`` on a ladder logged to MLflow."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from lit.compare.scaling import (
+    Ladder,
+    TrueLaw,
+    calibrate,
+    fit_laws,
+    holdout_error,
+    multipliers,
+)
+from lit.errors import UserInputError
+from lit.sweep import protocol
+
+LAW = TrueLaw()
+RUNGS = np.asarray(LAW.rungs)
+
+
+def law_ladder(multiplier=1.25, alpha_variant=None, seeds=3, noise=0.0, rng=None):
+    """A baseline on ``LAW`` and a variant worth ``multiplier`` times its compute (or with its own exponent)."""
+    base = LAW.E + LAW.A * RUNGS ** -LAW.alpha
+    alpha = LAW.alpha if alpha_variant is None else alpha_variant
+    # With its own exponent, the variant is worth ``multiplier`` at the middle rung and more (or less) beyond.
+    middle = RUNGS[len(RUNGS) // 2]
+    variant = LAW.E + LAW.A * (multiplier * middle) ** -LAW.alpha * (RUNGS / middle) ** -alpha
+    loss = np.stack([base, variant])[:, :, None] + np.zeros(seeds)
+    if noise:
+        loss = loss + noise * rng.standard_normal(loss.shape)
+    return Ladder(("baseline", "variant"), np.stack([RUNGS, RUNGS]), loss)
+
+
+# --- the fit and the multiplier, noise-free -----------------------------------------------------------------------
+
+def test_noise_free_fit_recovers_E_A_and_alpha():
+    ladder = law_ladder(multiplier=1.25)
+    laws = fit_laws(np.log(ladder.compute), ladder.loss.mean(-1), common_alpha=True)
+    assert float(laws.E) == pytest.approx(LAW.E, abs=2e-4)
+    assert laws.alpha[0] == pytest.approx(LAW.alpha, rel=2e-3)
+    assert laws.A[0] == pytest.approx(LAW.A, rel=2e-2)
+    assert laws.A[1] == pytest.approx(LAW.A * 1.25 ** -LAW.alpha, rel=2e-2)
+    pinned = fit_laws(np.log(ladder.compute), ladder.loss.mean(-1), pinned_E=LAW.E)
+    assert pinned.alpha == pytest.approx([LAW.alpha] * 2, rel=1e-9)
+    assert pinned.A[0] == pytest.approx(LAW.A, rel=1e-9)
+
+
+def test_noise_free_multiplier_is_exactly_the_injected_one():
+    m = multipliers(law_ladder(multiplier=1.25), resamples=200)[0]
+    assert m.at_target == pytest.approx(1.25, rel=1e-3)
+    assert m.target_interval[0] == pytest.approx(1.25, rel=1e-3) and m.target_interval[1] == pytest.approx(1.25,
+                                                                                                            rel=1e-3)
+    inside = ~m.extrapolated
+    assert inside.sum() >= 3  # read off the baseline's runs, not its law
+    # Between rungs the baseline's observed curve is interpolated in a power law's own shape: exact too.
+    np.testing.assert_allclose(m.per_rung, 1.25, rtol=1e-4)
+    assert abs(m.trend) < 5e-3 and not m.depends_on_scale
+
+
+def test_target_multiplier_uses_the_shared_exponent_when_exponents_agree():
+    ladder = law_ladder(multiplier=1.25, noise=LAW.noise_sd, rng=np.random.default_rng(11))
+    m = multipliers(ladder, resamples=300)[0]
+    assert not m.depends_on_scale
+    laws = fit_laws(np.log(ladder.compute), ladder.loss.mean(-1), common_alpha=True)
+    # Same exponent: the baseline needs (A_b / A_v)^(1/alpha) times the compute, at any target.
+    assert m.at_target == pytest.approx((laws.A[0] / laws.A[1]) ** (1 / laws.alpha[0]), rel=1e-9)
+
+
+def test_trend_flag_fires_when_the_exponents_differ():
+    rng = np.random.default_rng(0)
+    flagged = [multipliers(law_ladder(multiplier=1.0, alpha_variant=0.24, noise=LAW.noise_sd / 4, rng=rng),
+                           resamples=300, seed=i)[0] for i in range(5)]
+    assert all(m.depends_on_scale and m.trend > 0 for m in flagged)
+    # The gain grows with compute: 2^(0.24 / 0.2 - 1) = 1.149 per doubling, 1 at the middle rung.
+    truth = (RUNGS / RUNGS[2]) ** (0.24 / 0.2 - 1)
+    assert all(np.allclose(m.per_rung, truth, rtol=0.1) for m in flagged)
+    exact = multipliers(law_ladder(multiplier=1.0, alpha_variant=0.24), resamples=200)[0]
+    np.testing.assert_allclose(exact.per_rung, truth, rtol=1e-4)
+    assert exact.at_target == pytest.approx(truth[-1], rel=1e-4)
+    assert exact.trend == pytest.approx(0.24 / 0.2 - 1, rel=1e-4)
+
+
+def test_holdout_error_is_zero_on_noise_free_data():
+    err = holdout_error(law_ladder(multiplier=1.25))
+    np.testing.assert_allclose(err, 0.0, atol=2e-3)
+
+
+# --- calibration by simulation ------------------------------------------------------------------------------------
+
+LADDERS, RESAMPLES = 200, 200
+
+
+def test_null_interval_covers_one():
+    c = calibrate(1.0, seeds=3, ladders=LADDERS, resamples=RESAMPLES, seed=1)
+    assert c.coverage >= 0.90
+    assert c.flagged <= 0.10
+
+
+def test_injected_multiplier_recovered_with_small_bias_and_calibrated_coverage():
+    c = calibrate(1.25, seeds=3, ladders=LADDERS, resamples=RESAMPLES, seed=2)
+    assert abs(c.relative_bias) <= 0.05
+    assert 0.90 <= c.coverage <= 0.98
+
+
+def test_handicapped_variant_gives_a_multiplier_below_one():
+    c = calibrate(0.8, seeds=3, ladders=LADDERS, resamples=RESAMPLES, seed=3)
+    assert c.median_estimate < 1 and c.below_one >= 0.95
+    assert 0.90 <= c.coverage <= 0.98
+
+
+def test_simulated_noise_is_drawn_from_a_real_ladder():
+    rng = np.random.default_rng(4)
+    ladder = law_ladder(multiplier=1.25, seeds=5, noise=0.02, rng=rng)
+    law = TrueLaw.from_ladder(ladder)
+    assert law.noise_sd == pytest.approx(0.02, rel=0.35)
+    assert law.rungs == tuple(RUNGS)
+    assert law.alpha > 0 and law.E < ladder.loss.min()
+
+
+# --- sweep --ladder ---------------------------------------------------------------------------------------------
+
+def sweep_args(*extra):
+    from lit.sweep.command import parser
+
+    return parser().parse_known_args(["--config", "recipes/gpt_baseline.yaml", "--variant",
+                                      "config=recipes/gpt_perinorm.yaml", "--seeds", "2", *extra])
+
+
+def fake_measure(args_by_rung):
+    """Sizes from the d_model each rung sets, as if counted: parameters 12 d^2, 6 x that FLOPs per token."""
+    sizes = []
+    for args in args_by_rung:
+        d = int(next(a for a in args if "d_model=" in a).split("=")[1])
+        sizes.append((12 * d * d, 6.0 * 12 * d * d, 4096))
+    return sizes
+
+
+LADDER = "d_model=32,n_heads=2;d_model=48,n_heads=2;d_model=64,n_heads=2,tokens=3e6"
+
+
+def plan_ladder(*extra):
+    """The protocol (with the ladder in it) and the children ``cli.py sweep`` would run, sized by ``fake_measure``."""
+    from lit.sweep import ladder
+    from lit.sweep.command import build_protocol
+    from lit.sweep.grid import build_children
+
+    a, fit = sweep_args(*extra)
+    proto, variants, tuning = build_protocol(a, fit, measure_fn=fake_measure)
+    proto["sweep_id"] = "s"
+    return proto, ladder.expand(build_children(variants, proto["seeds"], tuning), proto.get("ladder")), fit
+
+
+def test_ladder_plan_sizes_rungs_and_expands_children():
+    proto, children, _ = plan_ladder("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr_check", "baseline")
+    rungs = proto["ladder"]["rungs"]
+    assert [r["parameters"] for r in rungs] == [12 * 32 ** 2, 12 * 48 ** 2, 12 * 64 ** 2]
+    # 20 tokens per parameter in whole logging intervals (the recipe logs every 10 steps); the last rung's own budget
+    assert rungs[0]["steps"] == 10 * -(-20 * 12 * 32 ** 2 // (4096 * 10))
+    assert rungs[2]["steps"] == 10 * -(-3_000_000 // (4096 * 10))
+    assert rungs[0]["overrides"]["model.init_args.arch.d_model"] == "32"
+    assert rungs[0]["overrides"]["trainer.val_check_interval"] == str(rungs[0]["steps"])
+    assert rungs[0]["overrides"]["model.init_args.warmup_steps"] == str(round(0.1 * rungs[0]["steps"]))
+    assert "not transferred" in proto["ladder"]["lr_rule"]
+    seeds = [c for c in children if c.phase == "seed"]
+    checks = [c for c in children if c.phase == "lr_check"]
+    assert len(seeds) == 3 * 2 * 2 and len({c.key for c in children}) == len(children)
+    assert {c.rung for c in seeds} == {0, 1, 2}
+    assert len(checks) == 3 * 2 and {c.variant for c in checks} == {"recipe"}  # the baseline only
+    assert sorted(float(c.overrides["model.init_args.lr"]) for c in checks if c.rung == 0) == [1.5e-3, 6e-3]
+
+
+def test_ladder_child_runs_carry_rung_tags():
+    from lit.sweep.child import fit_args
+
+    proto, children, fit = plan_ladder("--ladder", LADDER, "--tokens_per_param", "20")
+    manifest = {"protocol": proto, "parent_run_id": "p", "recipe": proto["recipe"], "fit_args": fit,
+                "experiment": "e", "tracking_uri": "sqlite:///x.db", "save_dir": "runs"}
+    child = next(c for c in children if c.rung == 1 and c.phase == "seed")
+    args = fit_args(manifest, child, None)
+    tags = json.loads(next(x for x in args if x.startswith("--trainer.logger.init_args.tags=")).split("=", 1)[1])
+    assert tags[protocol.RUNG] == "1" and tags[protocol.RUNG_SIZE] == "d_model=48,n_heads=2"
+    assert float(tags[protocol.RUNG_COMPUTE]) == pytest.approx(proto["ladder"]["rungs"][1]["compute"], rel=1e-5)
+    assert "--model.init_args.arch.d_model=48" in args
+    assert f"--trainer.max_steps={proto['ladder']['rungs'][1]['steps']}" in args
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--ladder", "d_model=32;d_model=64"), "at least 3"),
+    (("--ladder", LADDER), "no token budget"),
+    (("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr", "transfer"), "needs a parametrization"),
+    (("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr", "transfer", "--model.arch.parametrization=sp"),
+     "needs a parametrization"),
+    (("--tokens_per_param", "20"), "only with --ladder"),
+    (("--ladder", "d_model=64,n_heads=2;d_model=48,n_heads=2;d_model=32,n_heads=2", "--tokens_per_param", "20"),
+     "grow in compute"),
+    (("--ladder", LADDER, "--tokens_per_param", "20", "--tune", "model.init_args.lr=1e-3,3e-3"), "--tune with"),
+])
+def test_ladder_mistakes_are_one_line_errors(extra, message):
+    with pytest.raises(UserInputError, match=message):
+        plan_ladder(*extra)
+
+
+def test_ladder_lr_transfer_is_accepted_with_a_parametrization():
+    proto, _, _ = plan_ladder("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr", "transfer",
+                              "--model.arch.parametrization=mup")
+    assert proto["ladder"]["lr"] == "transfer" and "transferred to each rung by the mup" in proto["ladder"]["lr_rule"]
+
+
+def test_ladder_file_syntax(tmp_path):
+    from lit.sweep.ladder import parse_ladder
+
+    path = tmp_path / "rungs.yaml"
+    path.write_text("- {d_model: 32, n_layers: 2}\n- {d_model: 48, n_layers: 2}\n- {d_model: 64, tokens: 1e6}\n")
+    rungs = parse_ladder(str(path))
+    assert [r.overrides for r in rungs][0] == {"model.init_args.arch.d_model": "32",
+                                               "model.init_args.arch.n_layers": "2"}
+    assert rungs[2].tokens == 1e6 and rungs[0].tokens is None
+
+
+# --- compare --scaling on a ladder in MLflow ------------------------------------------------------------------------
+
+SEEDS = 3
+VARIANTS = {"base": 1.0, "better": 1.25, "worse": 0.8}
+TOKENS_PER_S = {"base": 1000.0, "better": 900.0, "worse": 1000.0}
+
+
+def log_ladder(client, experiment_id, sweep_id, rungs, rng, ladder=True, children=True):
+    from mlflow.entities import Metric
+
+    spec = {"sweep_id": sweep_id, "variants": [{"label": v, "overrides": {}} for v in VARIANTS],
+            "baseline": "base", "seeds": list(range(SEEDS)), "metric": "val/loss", "mode": "min"}
+    if ladder:
+        spec["ladder"] = {"rungs": [{"index": i, "label": f"d_model={16 * (i + 1)}", "overrides": {},
+                                     "parameters": 1000 * (i + 1), "flops_per_token": 6000.0 * (i + 1),
+                                     "tokens": int(c / (6000.0 * (i + 1))), "steps": 100, "compute": c}
+                                    for i, c in enumerate(rungs)],
+                          "tokens_per_param": 20, "lr": "fixed", "lr_rule": "the recipe's learning rate",
+                          "lr_check": ["base"], "warmup_fraction": 0.1, "variant_lr": {v: 3e-3 for v in VARIANTS}}
+    parent = client.create_run(experiment_id, tags={protocol.ROLE: "parent", protocol.SWEEP_ID: sweep_id})
+    parent_id = parent.info.run_id
+    client.log_text(parent_id, json.dumps(spec), protocol.PROTOCOL_FILE)
+    client.set_terminated(parent_id)
+    if not children:  # refused on its protocol alone
+        return parent_id
+    shared = rng.standard_normal(SEEDS)
+    for r, compute in enumerate(rungs):
+        per_token = 6000.0 * (r + 1)
+        for variant, m in VARIANTS.items():
+            for s in range(SEEDS):
+                loss = LAW.E + LAW.A * (m * compute) ** -LAW.alpha + 0.004 * (shared[s] + rng.standard_normal())
+                tags = {protocol.ROLE: "child", protocol.SWEEP_ID: sweep_id, protocol.VARIANT: variant,
+                        protocol.SEED: str(s), protocol.SEED_INDEX: str(s), protocol.PHASE: "seed",
+                        protocol.FINAL: "true", protocol.PARENT_RUN: parent_id, protocol.RUNG: str(r)}
+                run = client.create_run(experiment_id, tags=tags)
+                client.log_batch(run.info.run_id, metrics=[
+                    Metric("val/loss", loss, 0, 100), Metric("train/flops", compute, 0, 100),
+                    Metric("model/flops_per_token", per_token, 0, 0),
+                    Metric("train/tokens_per_s", TOKENS_PER_S[variant], 0, 50)])
+                client.set_terminated(run.info.run_id)
+        for lr, bump in ((1.5e-3, 0.02), (6e-3, -0.01)):  # 2 lr is better: the rung's lr is at an edge
+            tags = {protocol.ROLE: "child", protocol.VARIANT: "base", protocol.SEED: "0", protocol.SEED_INDEX: "0",
+                    protocol.PHASE: "lr_check", protocol.PARENT_RUN: parent_id, protocol.RUNG: str(r),
+                    protocol.LR_CHECK_VALUE: repr(lr)}
+            run = client.create_run(experiment_id, tags=tags)
+            base = LAW.E + LAW.A * compute ** -LAW.alpha
+            client.log_batch(run.info.run_id, metrics=[Metric("val/loss", base + bump, 0, 100)])
+            client.set_terminated(run.info.run_id)
+    return parent_id
+
+
+@pytest.fixture(scope="module")
+def ladder_store(tmp_path_factory, empty_store):
+    import shutil
+
+    from mlflow import MlflowClient
+
+    root = tmp_path_factory.mktemp("ladder")
+    shutil.copyfile(empty_store, root / "mlflow.db")  # an initialised store: no schema migrations to run
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    rng = np.random.default_rng(7)
+    ids = {}
+    for name, rungs, ladder in (("ladder", LAW.rungs[:4], True), ("short", LAW.rungs[:2], True),
+                                ("flat", LAW.rungs[:4], False)):
+        exp = client.create_experiment(name, artifact_location=str(root / f"artifacts-{name}"))
+        ids[name] = log_ladder(client, exp, f"sweep-{name}", rungs, rng, ladder, children=name == "ladder")
+    return {"uri": uri, "ids": ids}
+
+
+def table_after(markdown: str, marker: str) -> dict[str, list[str]]:
+    """The first Markdown table at or after the line containing ``marker``: {first cell: cells}."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if marker in line)
+    rows = {}
+    for line in lines[start:]:
+        if line.startswith("|") and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows.setdefault(cells[0], cells)
+        elif rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def interval(cell: str) -> tuple[float, float, float]:
+    value, lo, hi = re.findall(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", cell)[0]
+    return float(value), float(lo), float(hi)
+
+
+def run_scaling(store, tmp_path, monkeypatch, capsys, *args):
+    from lit.compare.command import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["--scaling", "--tracking_uri", store["uri"], "--resamples", "300", "--calibration_ladders", "20",
+                 *args])
+    captured = capsys.readouterr()
+    return code, captured.out, [line for line in captured.err.splitlines() if line.strip()]
+
+
+def test_compare_scaling_reports_multipliers_intervals_and_figures(ladder_store, tmp_path, monkeypatch, capsys):
+    code, out, err = run_scaling(ladder_store, tmp_path, monkeypatch, capsys, "--experiment", "ladder",
+                                 "--out", "rep")
+    assert code == 0, err
+    at_target = table_after(out, "At the target compute")
+    m, lo, hi = interval(at_target["better"][1])
+    assert lo < 1.25 < hi and m == pytest.approx(1.25, rel=0.1)
+    assert float(at_target["better"][2]) == pytest.approx(0.9, rel=1e-6)  # FLOP/s: tokens/s x FLOPs per token
+    wall = interval(at_target["better"][3])
+    assert wall == pytest.approx((m * 0.9, lo * 0.9, hi * 0.9), rel=2e-3)
+    assert interval(at_target["worse"][1])[2] < 1  # the handicapped variant's interval excludes 1
+    per_rung = table_after(out, "| variant | rung 0")
+    assert len(per_rung["better"]) == 5 and all(interval(c)[1] < interval(c)[0] < interval(c)[2]
+                                                 for c in per_rung["better"][1:])
+    assert "Hold-out" in out and "inside" in out
+    assert "**edge**" in out  # 2 lr was better at every rung
+    assert "E = " in out and "fitted, shared" in out
+    assert (tmp_path / "rep" / "report.md").is_file()
+    for name in ("scaling_loss.png", "scaling_multiplier.png"):
+        assert (tmp_path / "rep" / name).stat().st_size > 10_000
+
+
+def test_compare_scaling_pinned_irreducible_is_stated(ladder_store, tmp_path, monkeypatch, capsys):
+    code, out, err = run_scaling(ladder_store, tmp_path, monkeypatch, capsys, "--experiment", "ladder",
+                                 "--irreducible", str(LAW.E), "--calibration_ladders", "0")
+    assert code == 0, err
+    assert f"pinned by --irreducible at {LAW.E:g}" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--experiment", "flat"), "not a ladder sweep"),
+    (("--experiment", "short"), "at least 3"),
+    (("--experiment", "ladder", "--target_compute", "1e20"), "more than 10x"),
+    (("--experiment", "ladder", "--irreducible", "5"), "not below every mean loss"),
+])
+def test_compare_scaling_errors(ladder_store, tmp_path, monkeypatch, capsys, args, message):
+    code, out, err = run_scaling(ladder_store, tmp_path, monkeypatch, capsys, *args)
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:") and message in err[0], err
+
+
+def test_scaling_options_need_scaling(ladder_store, tmp_path, monkeypatch, capsys):
+    from lit.compare.command import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["--experiment", "ladder", "--irreducible", "1.0", "--tracking_uri", ladder_store["uri"]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: --irreducible is read only with --scaling")
+
+
+def test_ladder_namespace_defaults_are_off():
+    from lit.sweep.ladder import plan
+
+    a = SimpleNamespace(ladder=None, tokens_per_param=None, ladder_lr="fixed", ladder_lr_check=None,
+                        ladder_warmup=0.1, tune=None)
+    assert plan(a, [], "recipes/gpt_baseline.yaml", [], None) is None
+
+
+# --- a real tiny ladder, end to end (slow: 14 short fits) ----------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_real_ladder_sweep_reports_its_multipliers(tmp_path):
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from tests.conftest import REPO, subprocess_env
+
+    tiny = ["--data.block_size=16", "--data.batch_size=4", "--trainer.limit_val_batches=2",
+            "--trainer.num_sanity_val_steps=0", "--trainer.log_every_n_steps=5"]
+    rungs = "d_model=16,n_layers=1,n_heads=2,tokens=640;d_model=24,n_layers=1,n_heads=2,tokens=1280;" \
+            "d_model=32,n_layers=1,n_heads=2,tokens=2560"
+    out = subprocess.run([sys.executable, str(REPO / "cli.py"), "sweep", "--config",
+                          str(REPO / "recipes" / "gpt_baseline.yaml"), "--variant", "model.arch.norm=layernorm",
+                          "--ladder", rungs, "--ladder_lr_check", "baseline", "--seeds", "2", "--parallel", "2",
+                          "--experiment", "ladder", *tiny], cwd=tmp_path, capture_output=True, text=True,
+                         env=subprocess_env(), timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("ladder").experiment_id], max_results=100)
+    children = [r for r in runs if r.data.tags.get(protocol.ROLE) == "child"]
+    assert len([r for r in runs if r.data.tags.get(protocol.ROLE) == "parent"]) == 1
+    assert len(children) == 3 * 2 * 2 + 3 * 2  # rungs x variants x seeds, and the baseline's lr check
+    flops = {}
+    for r in children:
+        assert r.info.status == "FINISHED"
+        flops.setdefault(int(r.data.tags[protocol.RUNG]), set()).add(r.data.metrics["train/flops"])
+    # 10, 20, 40 steps of 64 tokens: each rung spends more, and the last logged train/flops is the total
+    assert max(flops[0]) < min(flops[1]) and max(flops[1]) < min(flops[2])
+    report = subprocess.run([sys.executable, str(REPO / "cli.py"), "compare", "--scaling", "--experiment",
+                             "ladder", "--calibration_ladders", "0", "--resamples", "200", "--out", "rep"],
+                            cwd=tmp_path, capture_output=True, text=True, env=subprocess_env(), timeout=600)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "norm=layernorm" in table_after(report.stdout, "At the target compute")
+    assert (tmp_path / "rep" / "scaling_multiplier.png").is_file()
