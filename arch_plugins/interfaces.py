@@ -344,15 +344,14 @@ class OptimizerType:
     task's peak ``lr``, ``weight_decay`` and AdamW ``betas``. Each parameter's declared ``OptimizerScale``
     (``arch_plugins.declarations.optimizer_scales``: a parametrization's lr, weight-decay and Adam-epsilon
     multipliers) multiplies its settings (``routing.settings`` reads them); an optimizer that steps a parameter
-    by another rule than Adam's refuses a declared scale. ``scales``: further per-parameter ``(lr multiplier,
-    weight-decay multiplier)`` as a function of a ``ParameterRole``, or None. It returns one
+    by another rule than Adam's refuses a declared scale. It returns one
     ``torch.optim.Optimizer`` whose param groups each carry ``lr_ratio``: the group's learning rate over the task's
     ``lr``, so the learning-rate schedule and the logged ``train/lr`` stay the task's. Groups are routed by role,
     never by parameter name or shape (``arch_plugins/optimizers``).
     """
 
-    def build(self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-              scales=None) -> torch.optim.Optimizer:
+    def build(self, model: nn.Module, *, lr: float, weight_decay: float,
+              betas: tuple[float, float]) -> torch.optim.Optimizer:
         raise NotImplementedError
 
 

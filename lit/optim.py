@@ -13,7 +13,6 @@ from torch import nn
 
 from arch_plugins import registry
 from arch_plugins.optimizers.adamw import AdamWOptimizer
-from arch_plugins.optimizers.routing import Scales
 from lit.schedules import multiplier, warmup_cosine
 
 __all__ = ["adamw", "warmup_cosine", "adamw_warmup_cosine", "select_optimizer", "configure",
@@ -40,12 +39,11 @@ def select_optimizer(name: str, options: dict[str, Any] | None):
 
 def configure(module, *, optimizer: str = "adamw", optimizer_options: dict[str, Any] | None = None, lr: float,
               weight_decay: float, betas: tuple[float, float], warmup_steps: int, min_lr_ratio: float,
-              schedule: str = "cosine", schedule_options: dict[str, Any] | None = None,
-              scales: Scales | None = None) -> dict:
+              schedule: str = "cosine", schedule_options: dict[str, Any] | None = None) -> dict:
     """``configure_optimizers`` of every LightningModule here: the optimizer plugin's optimizer, stepped per step
-    by the schedule. ``scales``: a parametrization's per-parameter (lr, weight-decay) multipliers, or None."""
+    by the schedule."""
     built = select_optimizer(optimizer, optimizer_options).build(module, lr=lr, weight_decay=weight_decay,
-                                                                  betas=tuple(betas), scales=scales)
+                                                                  betas=tuple(betas))
     total = int(module.trainer.estimated_stepping_batches)
     factor = multiplier(schedule, schedule_options, warmup_steps=warmup_steps, total_steps=total,
                         min_lr_ratio=min_lr_ratio)

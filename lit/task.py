@@ -129,18 +129,13 @@ class ArchitectureTask(L.LightningModule):
         select_optimizer(optimizer, optimizer_options)
         check_schedule(schedule, schedule_options)
 
-    def parameter_scales(self):
-        """Per-parameter (learning-rate, weight-decay) multipliers from a parametrization, or None: a callable
-        of an ``arch_plugins.declarations.ParameterRole``, multiplied into the recipe's role multipliers."""
-        return None
-
     def configure_optimizers(self):
         hp = self.hparams
         self._schedule_total_steps = int(self.trainer.estimated_stepping_batches)
         return configure(self, optimizer=hp.get("optimizer", "adamw"), optimizer_options=hp.get("optimizer_options"),
                          lr=hp.lr, weight_decay=hp.weight_decay, betas=hp.betas, warmup_steps=hp.warmup_steps,
                          min_lr_ratio=hp.min_lr_ratio, schedule=hp.get("schedule", "cosine"),
-                         schedule_options=hp.get("schedule_options"), scales=self.parameter_scales())
+                         schedule_options=hp.get("schedule_options"))
 
     def on_train_start(self) -> None:
         self._check_resumed_schedule()

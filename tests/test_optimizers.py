@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from arch_plugins import registry
-from arch_plugins.declarations import decays, declare_role, parameter_roles
+from arch_plugins.declarations import decays, declare_optimizer_scale, declare_role, parameter_roles
 from arch_plugins.interfaces import Kind, Role
 from arch_plugins.optimizers.adamw import AdamWOptimizer
 from arch_plugins.optimizers.muon import MuonOptimizer
@@ -93,9 +93,9 @@ def test_roles_may_have_their_own_betas():
 
 def test_a_parametrization_multiplies_in_its_own_scales():
     model = gpt()
+    declare_optimizer_scale(model.head, "weight", lr=0.25, weight_decay=2.0)
     opt = AdamWOptimizer(lr_multipliers={"head": 0.5})
-    scales = lambda p: (0.25, 2.0) if p.kind == Kind.HEAD else (1.0, 1.0)  # noqa: E731
-    found = lr_of(opt.build(model, lr=1.0, weight_decay=0.1, betas=(0.9, 0.95), scales=scales))
+    found = lr_of(opt.build(model, lr=1.0, weight_decay=0.1, betas=(0.9, 0.95)))
     assert found[id(model.head.weight)] == (0.125, pytest.approx(0.2))
 
 

@@ -8,7 +8,6 @@ from torch import nn
 from arch_plugins.declarations import parameter_roles
 from arch_plugins.interfaces import OptimizerType
 from arch_plugins.optimizers.routing import (
-    Scales,
     check_betas,
     check_multipliers,
     own_betas,
@@ -43,12 +42,12 @@ class AdamWOptimizer(OptimizerType):
         self.role_betas = check_betas(role_betas)
         self.eps = float(eps)
 
-    def build(self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-              scales: Scales | None = None) -> torch.optim.AdamW:
+    def build(self, model: nn.Module, *, lr: float, weight_decay: float,
+              betas: tuple[float, float]) -> torch.optim.AdamW:
         # strict=False: a third-party plugin that predates roles still trains (its matrices decay, by shape).
         roles = parameter_roles(model, strict=False)
         found = settings(model, roles, lr_multipliers=self.lr_multipliers, wd_multipliers=self.wd_multipliers,
-                         scales=scales, role_betas=self.role_betas)
+                         role_betas=self.role_betas)
         groups = param_groups([(p.param, {"lr": lr * m, "lr_ratio": m, "weight_decay": weight_decay * w,
                                           **own_betas(self.role_betas, p), **own_eps(self.eps, declared)})
                                for p, m, w, declared in found])

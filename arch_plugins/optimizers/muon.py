@@ -35,7 +35,6 @@ from torch.optim._muon import _zeropower_via_newtonschulz
 from arch_plugins.declarations import ParameterRole, UndeclaredRoleError, parameter_roles
 from arch_plugins.interfaces import Kind, OptimizerType
 from arch_plugins.optimizers.routing import (
-    Scales,
     check_betas,
     check_multipliers,
     own_betas,
@@ -169,14 +168,14 @@ class MuonOptimizer(OptimizerType):
         except UndeclaredRoleError as exc:
             raise PluginError(f"muon routes parameters by their declared role: {exc}") from exc
 
-    def build(self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-              scales: Scales | None = None) -> MuonWithAdamW:
+    def build(self, model: nn.Module, *, lr: float, weight_decay: float,
+              betas: tuple[float, float]) -> MuonWithAdamW:
         roles = self._roles(model)
         muon_lr = lr if self.lr is None else self.lr
         muon_wd = weight_decay if self.weight_decay is None else self.weight_decay
         entries = []
         for p, lr_mult, wd_mult, declared in settings(model, roles, lr_multipliers=self.lr_multipliers,
-                                                      wd_multipliers=self.wd_multipliers, scales=scales,
+                                                      wd_multipliers=self.wd_multipliers,
                                                       role_betas=self.role_betas):
             if not self.takes(p):
                 entries.append((p, {"lr": lr * lr_mult, "lr_ratio": lr_mult, "weight_decay": weight_decay * wd_mult,

@@ -8,16 +8,15 @@ wins over its kind's::
 
 A parametrization (muP and the like) multiplies in its own per-parameter factors: the learning-rate, weight-decay
 and Adam-epsilon multipliers it declares on each parameter (``declare_optimizer_scale``, read by
-``optimizer_scales``), and, for a caller that has them as a function, ``scales``. Parameters
-with the same settings share one param group, in the order the model holds them, decaying groups first (the
-order the optimizer always had), so that the default settings give exactly the groups they always gave.
+``optimizer_scales``). Parameters with the same settings share one param group, in the order the model holds
+them, decaying groups first (the order the optimizer always had), so that the default settings give exactly the
+groups they always gave.
 
 Pure PyTorch: nothing here knows about Lightning.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,9 +32,6 @@ from arch_plugins.declarations import (
 )
 from arch_plugins.interfaces import Kind
 from arch_plugins.registry import PluginError
-
-# A parametrization's answer for one parameter: (learning-rate multiplier, weight-decay multiplier).
-Scales = Callable[[ParameterRole], tuple[float, float]]
 
 
 def check_multipliers(name: str, multipliers: dict[str, float] | None) -> dict[str, float]:
@@ -95,8 +91,7 @@ def unknown_keys(multipliers: dict[str, float], roles: list[ParameterRole]) -> l
 
 
 def settings(model: nn.Module, roles: list[ParameterRole], *, lr_multipliers: dict[str, float],
-             wd_multipliers: dict[str, float], scales: Scales | None,
-             role_betas: dict[str, tuple[float, float]] | None = None
+             wd_multipliers: dict[str, float], role_betas: dict[str, tuple[float, float]] | None = None
              ) -> list[tuple[ParameterRole, float, float, OptimizerScale]]:
     """(parameter, lr multiplier, weight-decay multiplier, declared scale) for every trainable parameter; the
     weight-decay multiplier is 0 for parameters that do not decay (``arch_plugins.declarations.decays``). Both
@@ -115,9 +110,6 @@ def settings(model: nn.Module, roles: list[ParameterRole], *, lr_multipliers: di
         own = declared.get(id(p.param), DEFAULT_SCALE)
         lr_mult = multiplier(lr_multipliers, p) * own.lr
         wd_mult = multiplier(wd_multipliers, p) * own.weight_decay
-        if scales is not None:
-            lr_scale, wd_scale = scales(p)
-            lr_mult, wd_mult = lr_mult * lr_scale, wd_mult * wd_scale
         out.append((p, lr_mult, wd_mult if decay[id(p.param)] else 0.0, own))
     return out
 
