@@ -142,7 +142,10 @@ class ArchitectureTask(L.LightningModule):
 
     def _check_resumed_schedule(self) -> None:
         # A run resumed with another --trainer.max_steps (a cooldown branch) is only the run it claims to be if its
-        # schedule agrees with the one the checkpoint trained under at every step already taken.
+        # schedule agrees with the one the checkpoint trained under at every step already taken. Only WSD promises
+        # that; a cosine run resumed for longer stretches its cosine, as it always did (extending a run is no branch).
+        if self.hparams.get("schedule", "cosine") != "wsd":
+            return
         resumed = getattr(self, "_resumed_schedule_total", None)
         scheduler = self.lr_schedulers() if self.trainer.lr_scheduler_configs else None
         if resumed is None or scheduler is None or resumed == self._schedule_total_steps:
