@@ -103,7 +103,9 @@ SUITES = {
         # 10 seeds: the plan from the earlier nGPT-ViT lead's spread (sd 0.012) needs 10 to find its +0.016 at
         # 0.05/4 with 80% power, and a digits run costs about a core-minute.
         add_seeds=7,
-        metric="val/loss",
+        # Tuning picks by validation accuracy: the protocol records one direction, that of --metric, and compare
+        # reads the report metric in it, so both must point the same way (higher is better).
+        metric="val/acc1",
         report_metric="test/acc1",
         # One point of accuracy: the papers' "matches" are within +-0.5 point on ImageNet (DyT +0.2, TokenFormer
         # +0.2, UN within 0.3); here one point is about 3.6 of the 359 test images, the smallest margin the
@@ -305,7 +307,9 @@ def run_sweep(suite: Suite, parallel: int, run: Callable[[list[str]], object]) -
     try:
         run(["sweep", *first])
         extended = False
-    except SystemExit:
+    except SystemExit as refused:
+        if refused.code != 2:  # an interruption or a failure: stop here, the same command resumes
+            raise
         extended = True
     if not extended:
         plan = [f"--experiment={suite.experiment}", f"--tracking_uri={STORE}", "--plan",

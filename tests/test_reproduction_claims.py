@@ -141,3 +141,22 @@ def test_run_sweep_after_the_extension_runs_only_the_extended_command():
     suite = repro.SUITES["text"]
     repro.run_sweep(suite, 1, run)
     assert len(calls) == 2 and calls[1][-1] == f"--add_seeds={suite.add_seeds}"
+
+
+def test_run_sweep_stops_when_the_first_pass_is_interrupted():
+    calls = []
+
+    def run(argv):
+        calls.append(argv)
+        raise SystemExit(130)  # Ctrl-C: the sweep says how to resume; the preset must not go on to extend it
+
+    with pytest.raises(SystemExit):
+        repro.run_sweep(repro.SUITES["digits"], 1, run)
+    assert len(calls) == 1
+
+
+def test_tuning_and_report_metrics_point_the_same_way():
+    from lit.compare.analysis import known_mode
+
+    for suite in repro.SUITES.values():
+        assert known_mode(suite.metric) == known_mode(suite.report_metric), suite.name
