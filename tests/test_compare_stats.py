@@ -190,3 +190,15 @@ def test_the_first_crossing_counts_on_a_non_monotone_curve():
     steps, values = [0, 100, 200, 300], [5.0, 3.0, 3.6, 3.1]
     assert stats.step_reaching(steps, values, 3.2, "min") == pytest.approx(100 * (5 - 3.2) / 2)
     assert stats.final_value(history([("a", s, s, v) for s, v in zip(steps, values, strict=True)])) == 3.1
+
+
+def test_the_report_metric_takes_the_protocols_mode_only_when_it_is_the_same_quantity():
+    from lit.compare.analysis import metric_direction
+
+    loss = {"metric": "val/loss", "report_metric": "test/loss", "mode": "min"}
+    assert metric_direction(loss, "test/loss")[0] == "min"
+    # A sweep tuned on a loss but reporting accuracy: accuracy keeps its own direction.
+    mixed = {"metric": "val/loss", "report_metric": "test/acc1", "mode": "min"}
+    assert metric_direction(mixed, "test/acc1") == ("max", "the metric's name")
+    custom = {"metric": "val/iou_custom", "report_metric": "test/iou_custom", "mode": "max"}
+    assert metric_direction(custom, "test/iou_custom")[0] == "max"

@@ -182,9 +182,15 @@ def metric_direction(spec: dict, metric: str, mode: str | None = None) -> tuple[
     user error: guessing would flip every verdict of a higher-is-better metric."""
     if mode is not None:
         return mode, "--mode"
-    if metric in (spec.get("metric"), spec.get("report_metric")) and spec.get("mode") in stats.MODES:
-        return spec["mode"], "the sweep's protocol"
     known = known_mode(metric)
+    declared = spec.get("mode") in stats.MODES
+    if declared and metric == spec.get("metric"):
+        return spec["mode"], "the sweep's protocol"
+    # The protocol's mode is declared for the tuning metric; the report metric shares it when it is the same
+    # quantity on another split (val/loss, test/loss) or has no known direction of its own.
+    same_quantity = metric.rsplit("/", 1)[-1] == str(spec.get("metric", "")).rsplit("/", 1)[-1]
+    if declared and metric == spec.get("report_metric") and (same_quantity or known is None):
+        return spec["mode"], "the sweep's protocol"
     if known is None:
         raise UserInputError(f"the direction of {metric!r} is not known (is lower or higher better?); pass --mode min "
                              "or --mode max (or run the sweep with --mode, which records it in its protocol)")
