@@ -116,7 +116,8 @@ def assert_resumes_exactly(corpus: Path, last: Path, folder: Path, uninterrupted
 
 
 # Step 5 ends the first epoch (5 batches); step 7 is in the middle of the second.
-@pytest.mark.parametrize("kill_at", [5, 7])
+# A second kill point (after a validation) and SIGINT (the same handler as SIGTERM) are in the slow tier.
+@pytest.mark.parametrize("kill_at", [5, pytest.param(7, marks=pytest.mark.slow)])
 def test_a_run_killed_by_sigkill_resumes_to_the_same_weights(kill_at, uninterrupted, tmp_path):
     corpus = small_corpus(tmp_path)
     killer = f"--trainer.callbacks=[{fault('SigkillAtStep', kill_at)}]"
@@ -131,7 +132,8 @@ def test_a_run_killed_by_sigkill_resumes_to_the_same_weights(kill_at, uninterrup
 SIGNAL_ONLY = ["--checkpoint.every_n_train_steps=0", "--preemption.interval_minutes=0"]
 
 
-@pytest.mark.parametrize("signal_name, exit_code", [("SIGTERM", 143), ("SIGINT", 130)])
+@pytest.mark.parametrize("signal_name, exit_code", [("SIGTERM", 143),
+                                                     pytest.param("SIGINT", 130, marks=pytest.mark.slow)])
 def test_a_signal_saves_marks_the_run_and_resumes_exactly(signal_name, exit_code, uninterrupted, tmp_path):
     corpus = small_corpus(tmp_path)
     sender = f"--trainer.callbacks=[{fault('SignalAtStep', 6, signal=signal_name)}]"
