@@ -95,7 +95,8 @@ def last_checkpoint(folder: Path) -> Path:
 
 
 # DDP itself is checked against one process in test_distributed.py; the ViT overlay run is in the slow tier.
-@pytest.mark.parametrize("name", ["gpt_laurel_rw_lr_pa", pytest.param("vit_tokenformer_digits", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["gpt_laurel_rw_lr_pa",
+                                  pytest.param("vit_tokenformer_digits", marks=pytest.mark.slow)])
 def test_ddp(name, tmp_path):
     run_two_processes([*recipe(name), *overlay("ddp"), *SHORT], tmp_path)
     checkpoint = torch.load(last_checkpoint(tmp_path), weights_only=True)
