@@ -173,10 +173,15 @@ def compare(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     figures = draw_all(analysis, out)
     markdown = render(analysis, figures)
+    return write_report(client, sweep.parent_id, out, markdown, figures)
+
+
+def write_report(client, parent_id: str, out: Path, markdown: str, figures: list[str]) -> int:
+    """Write report.md beside its figures, log them to the sweep's parent run, and print the report."""
     (out / REPORT_FILE).write_text(markdown)
-    publish(client, sweep.parent_id, out, [REPORT_FILE, *figures])
+    publish(client, parent_id, out, [REPORT_FILE, *figures])
     sys.stdout.write(markdown)
-    sys.stderr.write(f"wrote {out / REPORT_FILE} and {len(figures)} figures; logged to run {sweep.parent_id} "
+    sys.stderr.write(f"wrote {out / REPORT_FILE} and {len(figures)} figures; logged to run {parent_id} "
                      f"under {protocol.REPORT_DIR}/\n")
     return 0
 
@@ -201,12 +206,7 @@ def compare_scaling(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     figures = draw_scaling(analysis, out)
     markdown = render_scaling(analysis, figures)
-    (out / REPORT_FILE).write_text(markdown)
-    publish(client, sweep.parent_id, out, [REPORT_FILE, *figures])
-    sys.stdout.write(markdown)
-    sys.stderr.write(f"wrote {out / REPORT_FILE} and {len(figures)} figures; logged to run {sweep.parent_id} "
-                     f"under {protocol.REPORT_DIR}/\n")
-    return 0
+    return write_report(client, sweep.parent_id, out, markdown, figures)
 
 
 def parity_claims(args: argparse.Namespace, spec: dict) -> tuple[float, list[str]] | None:
