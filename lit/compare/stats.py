@@ -170,16 +170,21 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return [float(p) for p in holm_matrix(np.asarray(p_values, dtype=float)[None, :])[0]]
 
 
-def holm_matrix(p: np.ndarray) -> np.ndarray:
-    """``holm`` of each row."""
+def _adjust_sorted(p: np.ndarray, step) -> np.ndarray:
+    """Apply ``step`` (ascending p-values of each row, and m -> adjusted values) with NaN counted as 1, and put the
+    results back in each row's original order: the frame Holm and Benjamini-Hochberg share."""
     p = np.where(np.isnan(p), 1.0, p)
-    m = p.shape[1]
     order = np.argsort(p, axis=1, kind="stable")
-    ranked = np.take_along_axis(p, order, axis=1)
-    stepped = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * ranked), axis=1)
+    stepped = step(np.take_along_axis(p, order, axis=1), p.shape[1])
     adjusted = np.empty_like(stepped)
     np.put_along_axis(adjusted, order, stepped, axis=1)
     return adjusted
+
+
+def holm_matrix(p: np.ndarray) -> np.ndarray:
+    """``holm`` of each row."""
+    return _adjust_sorted(p, lambda ranked, m: np.maximum.accumulate(
+        np.minimum(1.0, (m - np.arange(m)) * ranked), axis=1))
 
 
 def holm_levels(p_values: Sequence[float], alpha: float) -> list[float]:
@@ -210,15 +215,9 @@ def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
 
 
 def bh_matrix(p: np.ndarray) -> np.ndarray:
-    p = np.where(np.isnan(p), 1.0, p)
-    m = p.shape[1]
-    order = np.argsort(p, axis=1, kind="stable")
-    ranked = np.take_along_axis(p, order, axis=1)
-    scaled = ranked * m / np.arange(1, m + 1)
-    stepped = np.minimum(1.0, np.minimum.accumulate(scaled[:, ::-1], axis=1)[:, ::-1])
-    adjusted = np.empty_like(stepped)
-    np.put_along_axis(adjusted, order, stepped, axis=1)
-    return adjusted
+    """``benjamini_hochberg`` of each row."""
+    return _adjust_sorted(p, lambda ranked, m: np.minimum(
+        1.0, np.minimum.accumulate((ranked * m / np.arange(1, m + 1))[:, ::-1], axis=1)[:, ::-1]))
 
 
 def tost_p(differences: np.ndarray, margin: float) -> np.ndarray:
