@@ -53,11 +53,11 @@ class VariantResult:
     relative_throughput: float | None  # / the baseline's
     items_per_step: float | None
     spike_count: float | None
-    curve: pd.DataFrame  # stats.mean_curve of the metric: step, mean, std, n
+    curve: pd.DataFrame  # stats.mean_curve of the curve metric (``Analysis.curve_metric``): step, mean, std, n
     diverged: dict[str, int | None] = field(default_factory=dict)  # seed -> first non-finite step (diverged runs)
     collapsed: tuple[str, ...] = ()  # finished seeds whose bounded metric collapsed (``collapsed_seeds``)
     tuning_diverged: tuple[int, int] = (0, 0)  # (tuning runs that diverged, tuning runs found)
-    seed_curves: dict[str, pd.DataFrame] = field(default_factory=dict)  # seed -> step, value (finished runs)
+    seed_curves: dict[str, pd.DataFrame] = field(default_factory=dict)  # seed -> step, value of the curve metric
 
     @property
     def diverged_at_every_tuning_value(self) -> bool:
@@ -151,6 +151,11 @@ class Analysis:
     family: Family
     bounded: bool  # the metric is a proportion in [0, 1]: logit intervals, collapses shown
     equivalence_margin: float | None = None
+    curve_metric: str = ""  # what the curves and steps to target read (``curve_metric``); "" means ``metric``
+
+    @property
+    def curve_of(self) -> str:
+        return self.curve_metric or self.metric
 
     @property
     def protocol(self) -> dict:
@@ -237,8 +242,9 @@ def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, 
     diverged = sweep.runs[sweep.runs["outcome"] == protocol.DIVERGED_OUTCOME]
     bounded = is_bounded(metric, [stats.final_value(p) for _, p in metric_points.groupby("run_id")])
     overrides = {v["label"]: describe_overrides(v.get("overrides")) for v in sweep.protocol.get("variants", [])}
+    along = curve_metric(sweep.protocol, metric, history)
     variants = [_variant(label, finished[finished["variant"] == label], diverged[diverged["variant"] == label],
-                         history, metric, overrides.get(label, ""), confidence, bounded, sweep)
+                         history, metric, along, overrides.get(label, ""), confidence, bounded, sweep)
                 for label in labels]
     base = next(v for v in variants if v.label == baseline)
     if base.summary is None:
@@ -259,18 +265,33 @@ def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, 
         baseline_std=base.summary.std, median_half_width=float(np.median(half_widths)) if half_widths else None,
         depth=depth_profile(sweep, finished), without_metric=int((sweep.runs["outcome"] ==
                                                                    protocol.FINISHED_OUTCOME).sum()) - len(finished),
-        family=family, bounded=bounded, equivalence_margin=equivalence[0] if equivalence else None)
+        family=family, bounded=bounded, equivalence_margin=equivalence[0] if equivalence else None,
+        curve_metric=along)
+
+
+def curve_metric(spec: dict, metric: str, history: dict[str, pd.DataFrame]) -> str:
+    """The metric the curves and steps to target read: the compared one when its runs logged it along training;
+    else the sweep's tuning metric (the validation split's, in the same direction by the protocol) when they
+    logged that along training. A held-out test metric is read once, at the end of each run: it has no curve,
+    and its steps to target would read 1.00x for every variant that got there at all."""
+    tuning = spec.get("metric")
+    for name in (metric, tuning):
+        points = history.get(name) if name else None
+        if points is not None and not points.empty and points.groupby("run_id")["step"].nunique().median() >= 2:
+            return name
+    return metric
 
 
 def _variant(label: str, runs: pd.DataFrame, diverged: pd.DataFrame, history: dict[str, pd.DataFrame], metric: str,
-             overrides: str, confidence: float, bounded: bool, sweep: Sweep) -> VariantResult:
+             along: str, overrides: str, confidence: float, bounded: bool, sweep: Sweep) -> VariantResult:
     ids = list(runs["run_id"])
     seeds = dict(zip(runs["run_id"], runs["seed"], strict=True))
     metric_points = _of_runs(history.get(metric), ids)
     values = {seeds[run_id]: stats.final_value(points) for run_id, points in metric_points.groupby("run_id")}
     values = dict(sorted(values.items(), key=lambda item: stats.seed_order(item[0])))
+    curve_points = metric_points if along == metric else _of_runs(history.get(along), ids)
     curves = {seeds[run_id]: stats.last_values(points).sort_values("step")[["step", "value"]]
-              for run_id, points in metric_points.groupby("run_id")}
+              for run_id, points in curve_points.groupby("run_id")}
     tuned = sorted({str(t) for t in pd.concat([runs["tune_value"], diverged["tune_value"]])
                     if t is not None and not pd.isna(t)})
     throughput, throughput_metric = _throughput(history, ids)
@@ -284,7 +305,8 @@ def _variant(label: str, runs: pd.DataFrame, diverged: pd.DataFrame, history: di
         throughput=throughput, throughput_metric=throughput_metric, relative_throughput=None,
         items_per_step=_mean_final(history.get(protocol.ITEMS_PER_STEP_METRIC), ids),
         spike_count=_mean_final(history.get(SPIKE_METRIC), ids),
-        curve=stats.mean_curve(metric_points) if ids else pd.DataFrame(columns=["step", "mean", "std", "n"]),
+        curve=(stats.mean_curve(curve_points) if ids and not curve_points.empty
+               else pd.DataFrame(columns=["step", "mean", "std", "n"])),
         diverged={str(s): (None if pd.isna(step) else int(step))
                   for s, step in sorted(zip(diverged["seed"], diverged["diverged_step"], strict=True),
                                         key=lambda item: stats.seed_order(item[0]))},
@@ -460,7 +482,8 @@ def untestable(analysis: Analysis) -> list[str]:
 
 
 def steps_to_target(variant: VariantResult, base: VariantResult, mode: str, confidence: float) -> Speedup:
-    """Per seed both finished: the target is the baseline seed's own final value; each run's "reached" step is the
+    """Per seed both finished, on the curve metric: the target is the baseline seed's own final value of it (its
+    last logged point); each run's "reached" step is the
     first crossing of its raw curve, interpolated between logged points (``stats.step_reaching``; no
     best-so-far smoothing); the ratio is the baseline seed's step / the variant's. The baseline against
     itself is 1.00 at every seed by construction. Ratios summarise as a geometric mean with a t interval of the
@@ -468,8 +491,8 @@ def steps_to_target(variant: VariantResult, base: VariantResult, mode: str, conf
     seeds = sorted(set(variant.seed_curves) & set(base.seed_curves), key=stats.seed_order)
     steps, ratios = {}, {}
     for seed in seeds:
-        target = base.values[seed]
         base_curve, curve = base.seed_curves[seed], variant.seed_curves[seed]
+        target = float(base_curve["value"].iloc[-1])
         base_step = stats.step_reaching(list(base_curve["step"]), list(base_curve["value"]), target, mode)
         step = stats.step_reaching(list(curve["step"]), list(curve["value"]), target, mode)
         steps[seed] = step

@@ -101,16 +101,18 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
             if curve["std"].notna().any():
                 ax.fill_between(curve["step"], curve["mean"] - curve["std"], curve["mean"] + curve["std"],
                                 color=colors[variant.label], alpha=0.18, linewidth=0)
-        ax.axhline(analysis.target, color="0.35", linestyle=":", linewidth=1,
-                   label=f"final mean of {analysis.baseline}")
+        base = next((v for v in shown if v.label == analysis.baseline), None)
+        if base is not None:
+            ax.axhline(float(base.curve["mean"].iloc[-1]), color="0.35", linestyle=":", linewidth=1,
+                       label=f"final mean of {analysis.baseline}")
         fitted = shown if start is None else in_view
         limits = visible_range([v.curve for v in fitted], start)
         if limits is not None:
             ax.set_ylim(*limits)
-        ax.set(xlabel="step", ylabel=analysis.metric)
+        ax.set(xlabel="step", ylabel=analysis.curve_of)
         ax.grid(alpha=0.3)
     better = "lower" if analysis.mode == "min" else "higher"
-    panels[0].set_title(f"{analysis.metric}, mean ± std over seeds ({better} is better; first point off the axis)",
+    panels[0].set_title(f"{analysis.curve_of}, mean ± std over seeds ({better} is better; first point off the axis)",
                         fontsize="medium")
     if since is not None:
         off = [v.label for v in shown if v not in in_view]

@@ -73,8 +73,8 @@ def render_plan(analysis: Analysis, effect: float, power: float = stats.POWER) -
 
 def _captions(a: Analysis) -> dict[str, tuple[str, str]]:
     """File name -> (alt text, caption) of the figures that are always drawn."""
-    return {CURVES: ("validation curves", f"`{a.metric}` against steps, mean ± std over seeds; the second panel "
-                                          "zooms in on the last quarter of training."),
+    return {CURVES: ("validation curves", f"`{a.curve_of}` against steps, mean ± std over seeds; the second panel "
+                                          "zooms in on the last quarter of training." + _curve_note(a)),
             FOREST: ("forest plot", f"Final `{a.metric}` per variant with its {a.confidence:.0%} CI and seeds "
                                     f"(left); paired differences to `{a.baseline}` with their unadjusted CI "
                                     "(right).")}
@@ -316,10 +316,19 @@ def _detectable(a: Analysis, d: int) -> str:
             "the seeds a given effect needs.")
 
 
+def _curve_note(a: Analysis) -> str:
+    """Why the curves read another metric than the compared one, when they do."""
+    if a.curve_of == a.metric:
+        return ""
+    return (f" `{a.metric}` is read once per run, at the end, so it has no curve: the curves and the steps to target "
+            f"read `{a.curve_of}`, the metric tuning picked by, logged at every validation.")
+
+
 def _targets(a: Analysis) -> str:
     unit = _unit(a)
     tokens = any(t.tokens is not None for t in a.targets)
-    intro = (f"## Steps to the baseline's final {a.metric}\n\n"
+    note = _curve_note(a).lstrip()
+    intro = (f"## Steps to the baseline's final {a.curve_of}\n\n" + (f"{note}\n\n" if note else "") +
              "Per seed: the target is the baseline seed's own final value; a run *reaches* it where its raw curve of "
              "the metric first gets to a value at or better than the target, linearly interpolated between the two "
              "logged points around that first crossing (no best-so-far smoothing: the first crossing counts). "

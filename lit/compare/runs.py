@@ -190,7 +190,8 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
     if metric not in logged:
         raise UserInputError(f"no final run of sweep {parent.info.run_id} logged the metric {metric!r}; pass one "
                              f"they logged to --metric: {', '.join(logged) or 'none'}")
-    wanted = {k for k in logged if k == metric or is_supporting_metric(k)}
+    # The tuning metric too: when the compared one is read once (a test split), the curves read it instead.
+    wanted = {k for k in logged if k in (metric, spec.get("metric")) or is_supporting_metric(k)}
     keys_by_run = {r.info.run_id: sorted(wanted & set(r.data.metrics)) for r in finished if r.info.run_id in kept_ids}
     return Sweep(parent_id=parent.info.run_id, experiment=_experiment_name(client, parent), protocol=spec,
                  metric=metric, runs=kept.reset_index(drop=True), history=read_histories(client, keys_by_run),
