@@ -44,6 +44,8 @@ from lit.compare.analysis import DIFFERENT, EQUIVALENT, NOT_EQUIVALENT, Analysis
 from lit.compare.command import build_parser, family_tests, parity_claims
 from lit.compare.runs import connect, find_parent, load_sweep
 from lit.errors import UserInputError
+from lit.sweep import protocol
+from lit.sweep.store import search_all_runs
 
 REPO = Path(__file__).resolve().parents[1]
 STORE = "sqlite:///benchmarks/out/reproduction.db"
@@ -266,21 +268,37 @@ def claim_row(claim: Claim, analysis: Analysis | None, digits: int = 3) -> tuple
         cells = [str(len(paired.seeds)), per_seed, f"{_number(paired.summary.mean, digits)} {interval}",
                  f"{_p(raw)} ({test}); sign-flip {_p(comparison.p_sign_flip)}", _p(comparison.p_adjusted), tost,
                  "n/a" if comparison.mde is None else f"{comparison.mde:.3g}"]
-    row = " | ".join([claim.method, claim.paper, REFERENCES[claim.suite], metric, *cells, verdict])
+    row = " | ".join([claim.method, claim.paper, REFERENCES[claim.suite], metric, *cells, verdict,
+                      speedup_cell(claim, analysis)])
     return f"| {row} |", status
+
+
+def speedup_cell(claim: Claim, analysis: Analysis | None) -> str:
+    """Steps to the reference's final value, as compare measured them per seed (on the suite's curve metric):
+    the terms of a claim about convergence speed (nGPT's). Only for claims on the suite's own metric."""
+    target = None if analysis is None or claim.metric else next(
+        (t for t in getattr(analysis, "targets", []) if t.label == claim.variant), None)
+    if target is None:
+        return ""
+    if target.geometric_mean is None:
+        return f"not reached ({target.reached} of {target.seeds})"
+    interval = "" if target.interval is None else f" [{target.interval[0]:.2f}, {target.interval[1]:.2f}]"
+    return f"{target.geometric_mean:.2f}x{interval} ({target.reached} of {target.seeds})"
 
 
 TITLE = """# Reproduction claims
 
 One row per claim, from `cli.py compare`'s analysis of its suite: Holm and the equivalence tests run within the
 suite's declared family (text, digits), never across suites; the interval is in step with Holm; the MDE is the
-smallest paired difference the row's seeds detect with 80% power at the family's alpha/m. Written by
+smallest paired difference the row's seeds detect with 80% power at the family's alpha/m; the speedup is compare's
+steps to the reference's final value per seed (a claim about convergence speed is read there). Written by
 `python -m benchmarks.reproduction --report-only`; how to read it: [the reproduction page](../reproduction.md).
 
 """
 HEADER = ("| method | paper's claim | reference here | metric | pairs | per-seed difference (variant - reference) | "
           "mean difference [interval in step with Holm] | raw p (test); exact sign-flip p | p (Holm, suite family) "
-          "| equivalence p (Holm over the parity claims) | MDE (80% power) | verdict |")
+          "| equivalence p (Holm over the parity claims) | MDE (80% power) | verdict | speedup to the reference's final"
+          " value [95% CI] (seeds that reached it) |")
 
 
 def claims_table(analyses: dict[tuple[str, str | None], Analysis]) -> tuple[str, dict[str, int]]:
@@ -339,6 +357,45 @@ def analyse(suite: Suite, metric: str | None) -> Analysis | None:
         return None
 
 
+@dataclass(frozen=True)
+class Compute:
+    """What a suite's child runs cost: each run trains on one core (``OMP_NUM_THREADS=1``), so its wall time is
+    its core time; the sweep's own bookkeeping between runs is not counted."""
+
+    tuning_runs: int
+    seed_runs: int
+    core_hours: float
+
+    def describe(self) -> str:
+        return (f"{self.tuning_runs} tuning + {self.seed_runs} seed runs, {self.core_hours:.2f} core-hours "
+                "of training and evaluation")
+
+
+def compute_of(runs: list) -> Compute:
+    """Sum the wall time of every child run that ended (finished, diverged, or stopped and resumed later: a
+    stopped run's time was spent too); a run still going counts nothing yet."""
+    children = [r for r in runs if r.data.tags.get(protocol.PARENT_RUN) and r.info.end_time]
+    phases = [r.data.tags.get(protocol.PHASE) for r in children]
+    seconds = sum((r.info.end_time - r.info.start_time) / 1000 for r in children)
+    return Compute(phases.count(protocol.TUNE_PHASE), phases.count(protocol.SEED_PHASE), seconds / 3600)
+
+
+def suite_compute(suite: Suite) -> Compute | None:
+    client = connect(STORE)
+    experiment = client.get_experiment_by_name(suite.experiment)
+    return None if experiment is None else compute_of(search_all_runs(client, experiment.experiment_id, ""))
+
+
+def compute_lines(computes: dict[str, Compute | None]) -> str:
+    """The compute paragraph of the claims page: per suite, then the total."""
+    ran = {name: c for name, c in computes.items() if c is not None}
+    if not ran:
+        return "\nCompute: no run has ended yet.\n"
+    per_suite = "; ".join(f"{name}: {c.describe()}" for name, c in ran.items())
+    total = sum(c.core_hours for c in ran.values())
+    return f"\nCompute so far (the runs' own wall time, one core each): {per_suite}; {total:.2f} core-hours in all.\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(SUITES), help="run one suite (default: all)")
@@ -360,6 +417,7 @@ def main() -> None:
         for metric in {claim.metric for claim in CLAIMS if claim.suite == suite.name}:
             analyses[(suite.name, metric)] = analyse(suite, metric)
     table, counts = claims_table({key: a for key, a in analyses.items() if a is not None})
+    table += compute_lines({name: suite_compute(suite) for name, suite in SUITES.items()})
     (OUT / "claims.md").write_text(TITLE + table)
     print(table)
 

@@ -75,13 +75,13 @@ def test_claims_table_prints_compares_numbers_without_its_own_correction():
     assert "1337: -0.020, 1338: -0.010, 1339: -0.030" in rows["Peri-LN"]  # per-seed values, by seed
     assert "-0.020 [" in rows["Peri-LN"]  # the mean paired difference
     assert "0.0421" in rows["Peri-LN"]  # the MDE
-    assert rows["Peri-LN"].endswith("| reproduced |")
-    assert rows["LayerNorm-Scaling"].endswith("| undecided (no difference shown) |")
+    assert rows["Peri-LN"].endswith("| reproduced |  |")  # no steps to target in this fake analysis
+    assert rows["LayerNorm-Scaling"].endswith("| undecided (no difference shown) |  |")
     assert "0.0123 (±0.02)" in rows["DyT (LM)"] and "reproduced (equivalent within ±0.02)" in rows["DyT (LM)"]
     raw = stats.paired_difference({s: 1 + d for s, d in SEEDS.items()}, dict.fromkeys(SEEDS, 1.0), 0.95).p_value
     assert f"{raw:.3g} (t)" in rows["Peri-LN"]  # the raw p is printed beside the adjusted one
-    assert rows["Post-LN"].endswith("| pending: not run yet |")  # in the suite, not in the fake analysis
-    assert rows["DyT (ViT)"].endswith("| pending: not run yet |")  # a suite with no analysis at all
+    assert rows["Post-LN"].endswith("| pending: not run yet |  |")  # in the suite, not in the fake analysis
+    assert rows["DyT (ViT)"].endswith("| pending: not run yet |  |")  # a suite with no analysis at all
     assert counts == {repro.DECIDED: 2, repro.UNDECIDED: 1, repro.PENDING: len(repro.CLAIMS) - 3}
     assert "2 claims decided, 1 undecided" in table
     assert len(rows) == len(repro.CLAIMS) + 1  # the header and one row per claim
@@ -97,7 +97,7 @@ def test_outlier_claims_read_their_own_metric():
         comparison(osp.variant, SEEDS, stats.WORSE, p_adjusted=0.03)])
     table, _ = repro.claims_table({("text", repro.KURTOSIS): kurtosis, ("text", None): loss})
     row = next(line for line in table.splitlines() if line.startswith(f"| {osp.method} |"))
-    assert f"| {repro.KURTOSIS} |" in row and row.endswith("| reproduced |")
+    assert f"| {repro.KURTOSIS} |" in row and row.endswith("| reproduced |  |")
 
 
 def test_suites_and_claims_agree():
@@ -160,3 +160,34 @@ def test_tuning_and_report_metrics_point_the_same_way():
 
     for suite in repro.SUITES.values():
         assert known_mode(suite.metric) == known_mode(suite.report_metric), suite.name
+
+
+def child(phase: str | None, start_ms: int, end_ms: int | None, parent: str | None = "p") -> SimpleNamespace:
+    tags = {repro.protocol.PHASE: phase} if phase else {}
+    if parent:
+        tags[repro.protocol.PARENT_RUN] = parent
+    return SimpleNamespace(data=SimpleNamespace(tags=tags), info=SimpleNamespace(start_time=start_ms,
+                                                                                  end_time=end_ms))
+
+
+def test_compute_sums_the_child_runs_that_ended_by_phase():
+    runs = [child("tune", 0, 1_800_000), child("seed", 0, 3_600_000), child("seed", 1_000, 1_801_000),
+            child("seed", 0, None),  # still going: nothing yet
+            child(None, 0, 9_000_000, parent=None)]  # the parent: its time is its children's
+    compute = repro.compute_of(runs)
+    assert (compute.tuning_runs, compute.seed_runs) == (1, 2)
+    assert compute.core_hours == pytest.approx(0.5 + 1.0 + 0.5)
+    text = repro.compute_lines({"text": compute, "digits": None})
+    assert "text: 1 tuning + 2 seed runs, 2.00 core-hours" in text and "2.00 core-hours in all" in text
+    assert "no run has ended" in repro.compute_lines({"text": None})
+
+
+def test_speedup_cell_reads_compares_steps_to_target_for_claims_on_the_suite_metric():
+    ngpt, osp = claim("nGPT (ViT)"), claim("OSP (single-scale RMSNorm + embedding projection)")
+    reached = SimpleNamespace(label=ngpt.variant, geometric_mean=2.5712, interval=(2.18, 3.031), reached=10, seeds=10)
+    analysis = SimpleNamespace(targets=[reached])
+    assert repro.speedup_cell(ngpt, analysis) == "2.57x [2.18, 3.03] (10 of 10)"
+    never = SimpleNamespace(label=ngpt.variant, geometric_mean=None, interval=None, reached=0, seeds=10)
+    assert repro.speedup_cell(ngpt, SimpleNamespace(targets=[never])) == "not reached (0 of 10)"
+    assert repro.speedup_cell(osp, analysis) == ""  # a claim on another metric (kurtosis): no steps to target
+    assert repro.speedup_cell(ngpt, None) == ""
