@@ -40,7 +40,7 @@ from pathlib import Path
 
 from lit.commands import main as cli
 from lit.compare import stats
-from lit.compare.analysis import DIFFERENT, EQUIVALENT, NOT_EQUIVALENT, Analysis, Comparison, analyze
+from lit.compare.analysis import DIFFERENT, EQUIVALENT, NOT_EQUIVALENT, T_TEST, Analysis, Comparison, analyze
 from lit.compare.command import build_parser, family_tests, parity_claims
 from lit.compare.runs import connect, find_parent, load_sweep
 from lit.errors import UserInputError
@@ -262,7 +262,7 @@ def claim_row(claim: Claim, analysis: Analysis | None, digits: int = 3) -> tuple
         per_seed = ", ".join(f"{seed}: {_number(d, digits)}" for seed, d in comparison.outcomes.items())
         interval = (f"[{_number(comparison.interval[0], digits)}, {_number(comparison.interval[1], digits)}]"
                     if comparison.interval else "n/a (sign-flip test)")
-        raw = paired.p_value if comparison.test == "t" else comparison.p_sign_flip
+        raw = paired.p_value if comparison.test == T_TEST else comparison.p_sign_flip
         equivalence = comparison.equivalence
         tost = f"{_p(equivalence.p_adjusted)} (±{equivalence.margin:g})" if equivalence else ""
         cells = [str(len(paired.seeds)), per_seed, f"{_number(paired.summary.mean, digits)} {interval}",

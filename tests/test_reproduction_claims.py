@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import reproduction as repro
 from lit.compare import stats
-from lit.compare.analysis import DIFFERENT, EQUIVALENT, NEEDS_PAIRS, NOT_EQUIVALENT, Comparison, Equivalence
+from lit.compare.analysis import DIFFERENT, EQUIVALENT, NEEDS_PAIRS, NOT_EQUIVALENT, T_TEST, Comparison, Equivalence
 from lit.sweep.grid import label_of, parse_variant
 
 
@@ -18,7 +18,7 @@ def comparison(label: str, differences: dict[str, float], verdict: str, p_adjust
     baseline = {seed: 1.0 for seed in differences}
     variant = {seed: 1.0 + d for seed, d in differences.items()}
     paired = stats.paired_difference(variant, baseline, 0.95)
-    return Comparison(label, paired, p_adjusted, verdict, outcomes=dict(differences), p_sign_flip=0.25, test="t",
+    return Comparison(label, paired, p_adjusted, verdict, outcomes=dict(differences), p_sign_flip=0.25, test=T_TEST,
                       q_value=p_adjusted, level=0.01, interval=interval, mde=0.0421, equivalence=equivalence)
 
 
@@ -79,7 +79,7 @@ def test_claims_table_prints_compares_numbers_without_its_own_correction():
     assert rows["LayerNorm-Scaling"].endswith("| undecided (no difference shown) |  |")
     assert "0.0123 (±0.02)" in rows["DyT (LM)"] and "reproduced (equivalent within ±0.02)" in rows["DyT (LM)"]
     raw = stats.paired_difference({s: 1 + d for s, d in SEEDS.items()}, dict.fromkeys(SEEDS, 1.0), 0.95).p_value
-    assert f"{raw:.3g} (t)" in rows["Peri-LN"]  # the raw p is printed beside the adjusted one
+    assert f"{raw:.3g} ({T_TEST})" in rows["Peri-LN"]  # the raw p is printed beside the adjusted one
     assert rows["Post-LN"].endswith("| pending: not run yet |  |")  # in the suite, not in the fake analysis
     assert rows["DyT (ViT)"].endswith("| pending: not run yet |  |")  # a suite with no analysis at all
     assert counts == {repro.DECIDED: 2, repro.UNDECIDED: 1, repro.PENDING: len(repro.CLAIMS) - 3}
