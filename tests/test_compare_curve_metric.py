@@ -53,3 +53,19 @@ def test_a_metric_logged_along_training_is_its_own_curve():
     assert analysis.curve_of == "test/loss"
     target = next(t for t in analysis.targets if t.label == "b")
     assert target.geometric_mean == pytest.approx(1.5)
+
+
+def test_the_whole_run_panel_is_cut_at_the_worst_start_and_names_what_went_beyond():
+    from types import SimpleNamespace
+
+    from lit.compare.plots import beyond_start, within_start
+
+    def variant(label, means):
+        return SimpleNamespace(label=label, curve=pd.DataFrame({"step": range(len(means)), "mean": means}))
+
+    calm, spiky = variant("calm", [4.2, 3.0, 2.5]), variant("spiky", [4.5, 47.0, 2.6])
+    low, high = within_start((2.4, 47.5), [calm, spiky], "min")
+    assert low == 2.4 and 4.5 < high < 5.0  # the spike leaves the axis at the worst start (4.5) plus a margin
+    assert beyond_start([calm, spiky], "min") == ["spiky"]
+    accuracy = [variant("a", [0.1, 0.8, 0.9]), variant("b", [0.2, 0.01, 0.9])]
+    assert 0.0 < within_start((0.0, 0.95), accuracy, "max")[0] < 0.1 and beyond_start(accuracy, "max") == ["b"]

@@ -22,6 +22,7 @@ DEPTH_QUANTITIES = "depth_quantities.png"
 DPI = 120
 LATE_FRACTION = 0.25  # of the steps: the zoomed panel of the curves
 MARGIN = 0.08  # of the visible range, above and below
+LEGEND_INSIDE = 8  # variants: more and the curves' legend goes beside the panel
 LOG_RANGE = 10.0  # a depth profile spanning more than this factor is drawn on a log axis
 
 
@@ -58,6 +59,29 @@ def visible_range(curves: list[pd.DataFrame], since: float | None = None) -> tup
     return low - pad, high + pad
 
 
+def within_start(limits: tuple[float, float], variants: list, mode: str) -> tuple[float, float]:
+    """The whole-run panel's range, cut at the worst first point: a curve that later goes worse than where
+    every run started (a loss spike, an eval-mode blow-up) leaves the axis there instead of flattening the
+    others into a line. The cut curves are named in the title (``beyond_start``)."""
+    firsts = [float(v.curve["mean"].iloc[0]) for v in variants if len(v.curve)]
+    if not firsts:
+        return limits
+    low, high = limits
+    if mode == "min":
+        return low, min(high, max(firsts) + MARGIN * abs(max(firsts) - low))
+    return max(low, min(firsts) - MARGIN * abs(high - min(firsts))), high
+
+
+def beyond_start(variants: list, mode: str) -> list[str]:
+    """The variants whose curve (mean ± std aside) goes worse than the worst first point."""
+    firsts = [float(v.curve["mean"].iloc[0]) for v in variants if len(v.curve)]
+    if not firsts:
+        return []
+    worst = max(firsts) if mode == "min" else min(firsts)
+    return [v.label for v in variants if len(v.curve) and
+            (v.curve["mean"].max() > worst if mode == "min" else v.curve["mean"].min() < worst)]
+
+
 def typical(variants: list, spread: float = 8.0) -> list:
     """The variants whose final mean is within ``spread`` robust standard deviations (1.4826 MAD) of the
     median final mean: the zoomed panel fits these, so one diverged variant (a loss 0.6 above everyone)
@@ -89,9 +113,11 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
     shown = [v for v in analysis.variants if not v.curve.empty]
     since = late_window([v.curve for v in shown])
     in_view = typical(shown)  # what the zoomed panel's axis fits
-    fig = Figure(figsize=(12, 4.5) if since is not None else (7.5, 4.5), layout="constrained")
+    height = max(4.5, 0.2 * len(shown) + 1.0) if len(shown) > LEGEND_INSIDE else 4.5  # room for the legend
+    fig = Figure(figsize=(14, height) if since is not None else (9.5, height), layout="constrained")
     panels = fig.subplots(1, 2) if since is not None else [fig.add_subplot()]
     colors = variant_colors(analysis)
+    cut = beyond_start(shown, analysis.mode)  # the whole-run panel fits the others, cut at the worst start
     for ax, start in zip(panels, (None, since), strict=False):
         for variant in shown:
             curve = variant.curve if start is None else variant.curve[variant.curve["step"] >= start]
@@ -105,20 +131,23 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
         if base is not None:
             ax.axhline(float(base.curve["mean"].iloc[-1]), color="0.35", linestyle=":", linewidth=1,
                        label=f"final mean of {analysis.baseline}")
-        fitted = shown if start is None else in_view
+        fitted = ([v for v in shown if v.label not in cut] or shown) if start is None else in_view
         limits = visible_range([v.curve for v in fitted], start)
         if limits is not None:
-            ax.set_ylim(*limits)
+            ax.set_ylim(*(limits if start is not None else within_start(limits, shown, analysis.mode)))
         ax.set(xlabel="step", ylabel=analysis.curve_of)
         ax.grid(alpha=0.3)
     better = "lower" if analysis.mode == "min" else "higher"
-    panels[0].set_title(f"{analysis.curve_of}, mean ± std over seeds ({better} is better; first point off the axis)",
-                        fontsize="medium")
+    panels[0].set_title(f"{analysis.curve_of}, mean ± std over seeds ({better} is better)"
+                        + (f"\ncut at the worst start: {', '.join(cut)}" if cut else ""), fontsize="medium")
     if since is not None:
         off = [v.label for v in shown if v not in in_view]
-        panels[1].set_title(f"from step {since:g}" + (f"; off the axis: {', '.join(off)}" if off else ""),
+        panels[1].set_title(f"from step {since:g}" + (f"\noff the axis: {', '.join(off)}" if off else ""),
                             fontsize="medium")
-    panels[-1].legend(fontsize="small")
+    if len(shown) > LEGEND_INSIDE:  # a long legend beside the panel, not over the curves
+        panels[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        panels[-1].legend(fontsize="small")
     fig.savefig(path, dpi=DPI)
     return path
 
