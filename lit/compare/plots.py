@@ -59,25 +59,30 @@ def visible_range(curves: list[pd.DataFrame], since: float | None = None) -> tup
     return low - pad, high + pad
 
 
+def worst_start(variants: list, mode: str) -> float | None:
+    """The worst first point of the variants' curves: where the slowest-starting run began."""
+    firsts = [float(v.curve["mean"].iloc[0]) for v in variants if len(v.curve)]
+    return None if not firsts else max(firsts) if mode == "min" else min(firsts)
+
+
 def within_start(limits: tuple[float, float], variants: list, mode: str) -> tuple[float, float]:
     """The whole-run panel's range, cut at the worst first point: a curve that later goes worse than where
     every run started (a loss spike, an eval-mode blow-up) leaves the axis there instead of flattening the
     others into a line. The cut curves are named in the title (``beyond_start``)."""
-    firsts = [float(v.curve["mean"].iloc[0]) for v in variants if len(v.curve)]
-    if not firsts:
+    worst = worst_start(variants, mode)
+    if worst is None:
         return limits
     low, high = limits
     if mode == "min":
-        return low, min(high, max(firsts) + MARGIN * abs(max(firsts) - low))
-    return max(low, min(firsts) - MARGIN * abs(high - min(firsts))), high
+        return low, min(high, worst + MARGIN * abs(worst - low))
+    return max(low, worst - MARGIN * abs(high - worst)), high
 
 
 def beyond_start(variants: list, mode: str) -> list[str]:
     """The variants whose curve (mean ± std aside) goes worse than the worst first point."""
-    firsts = [float(v.curve["mean"].iloc[0]) for v in variants if len(v.curve)]
-    if not firsts:
+    worst = worst_start(variants, mode)
+    if worst is None:
         return []
-    worst = max(firsts) if mode == "min" else min(firsts)
     return [v.label for v in variants if len(v.curve) and
             (v.curve["mean"].max() > worst if mode == "min" else v.curve["mean"].min() < worst)]
 
@@ -118,6 +123,7 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
     panels = fig.subplots(1, 2) if since is not None else [fig.add_subplot()]
     colors = variant_colors(analysis)
     cut = beyond_start(shown, analysis.mode)  # the whole-run panel fits the others, cut at the worst start
+    base = next((v for v in shown if v.label == analysis.baseline), None)  # its final mean: a dotted line
     for ax, start in zip(panels, (None, since), strict=False):
         for variant in shown:
             curve = variant.curve if start is None else variant.curve[variant.curve["step"] >= start]
@@ -127,7 +133,6 @@ def draw_curves(analysis: Analysis, path: Path) -> Path:
             if curve["std"].notna().any():
                 ax.fill_between(curve["step"], curve["mean"] - curve["std"], curve["mean"] + curve["std"],
                                 color=colors[variant.label], alpha=0.18, linewidth=0)
-        base = next((v for v in shown if v.label == analysis.baseline), None)
         if base is not None:
             ax.axhline(float(base.curve["mean"].iloc[-1]), color="0.35", linestyle=":", linewidth=1,
                        label=f"final mean of {analysis.baseline}")
