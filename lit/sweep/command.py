@@ -25,7 +25,17 @@ import yaml
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.sweep import ladder
 from lit.sweep import protocol as P
-from lit.sweep.grid import Child, Tuning, Variant, build_children, build_variants, find_baseline, parse_values, sweep_id
+from lit.sweep.grid import (
+    Child,
+    Tuning,
+    Variant,
+    build_children,
+    build_variants,
+    find_baseline,
+    option_value,
+    parse_values,
+    sweep_id,
+)
 from lit.sweep.identity import changes, identity
 
 EPILOG = """\
@@ -105,17 +115,6 @@ def recipe_facts(path: Path) -> dict:
     except (OSError, yaml.YAMLError) as exc:
         raise UserInputError(f"cannot read the recipe {path}: {exc}") from exc
     return recipe if isinstance(recipe, dict) else {}
-
-
-def option_value(args: list[str], key: str) -> str | None:
-    """The last value a list of ``--key=value`` / ``--key value`` options gives ``key``."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == f"--{key}" and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(f"--{key}="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def resolve_mode(metric: str, mode: str | None) -> str:

@@ -88,6 +88,17 @@ def parse_variant(text: str) -> dict[str, str]:
     return overrides
 
 
+def option_value(args: list[str], key: str) -> str | None:
+    """The last value a list of ``--key=value`` / ``--key value`` options gives ``key``."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == f"--{key}" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(f"--{key}="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def short_key(key: str) -> str:
     """The last part of a config key, as a label shows it: ``model.arch.norm`` -> ``norm``."""
     return Path(key).stem if key == CONFIG_KEY else key.rsplit(".", 1)[-1]

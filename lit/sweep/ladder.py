@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from lit.errors import UserInputError
-from lit.sweep.grid import parse_variant
+from lit.sweep.grid import CONFIG_KEY, option_value, parse_variant
 
 ARCH_PREFIX = "model.init_args.arch."
 LR_KEY = "model.init_args.lr"
@@ -224,9 +224,6 @@ def _config_value(files: list[str], key: str):
 
 def variant_lr(recipe: str, overrides: dict[str, str], fit_options: list[str]) -> float | None:
     """A variant's learning rate as its run resolves it: recipe, its config files, fit options, its values."""
-    from lit.sweep.command import option_value
-    from lit.sweep.grid import CONFIG_KEY
-
     value = _config_value([recipe] + [v for k, v in overrides.items() if k == CONFIG_KEY], LR_KEY)
     for key in (LR_KEY, "model.lr"):
         value = option_value(fit_options, key) or overrides.get(key) or value
@@ -299,16 +296,12 @@ def plan(a, fit_options: list[str], recipe: str, variants: list, baseline, measu
     _check_options(a)
     if a.ladder is None:
         return None
-    from lit.sweep.grid import CONFIG_KEY
-
     rungs = parse_ladder(a.ladder)
     for v in variants:
         clash = sorted(set(v.overrides) & {k for r in rungs for k in r.overrides})
         if clash:
             raise UserInputError(f"variant {v.label!r} sets {clash[0]}, which the ladder's rungs set; vary it "
                                  "through --ladder, or drop it from the variant")
-    from lit.sweep.command import option_value
-
     arch = _config_value([recipe] + [v for k, v in baseline.overrides.items() if k == CONFIG_KEY],
                          ARCH_PREFIX.rstrip(".")) or {}
     arch = dict(arch) if isinstance(arch, dict) else {}
