@@ -49,6 +49,9 @@ class ImageClassifier(ArchitectureTask):
         activation_checkpointing: recompute each block's activations in backward
             (recipes/trainer/activation_checkpointing.yaml).
         diagnostics: ``diag/*`` metrics every ``interval`` steps (``--model.diagnostics.interval=0``: off).
+        random_numbers: how the run's random numbers are drawn: ``construction_order`` (seed once, then build:
+            PyTorch's default) or ``by_name`` (each parameter's init keyed by its name, dropout by module and
+            batch, so that variants start identical in what they share; what ``cli.py sweep`` uses).
     """
 
     def __init__(self, num_classes: int = 1000, image_size: int = 224, in_chans: int = 3,
@@ -61,12 +64,15 @@ class ImageClassifier(ArchitectureTask):
                  schedule: str = "cosine", schedule_options: dict[str, Any] | None = None,
                  init_from: str | None = None, growth: Growth = Growth(),
                  compile: bool = False, activation_checkpointing: bool = False,
-                 diagnostics: DiagnosticsConfig = DiagnosticsConfig()):
+                 diagnostics: DiagnosticsConfig = DiagnosticsConfig(),
+                 random_numbers: Literal["construction_order", "by_name"] = "construction_order"):
         super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="images",
                          diagnostics=diagnostics)
         self.check_optimizer(optimizer, optimizer_options, schedule, schedule_options)
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
-        self.model = ViT(num_classes, image_size, patch_size, in_chans, with_variant(arch, variant), pooling, pos_embed)
+        self.model = self.build_model(
+            lambda: ViT(num_classes, image_size, patch_size, in_chans, with_variant(arch, variant), pooling, pos_embed),
+            random_numbers)
         if init_from is not None:
             load_initial_weights(self, init_from, growth)
         top5 = min(5, num_classes)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +55,9 @@ class LanguageModel(ArchitectureTask):
         z_loss: coefficient of PaLM's auxiliary z-loss, mean(logsumexp(logits)^2), added to the training loss
             (PaLM: 1e-4; 0: off). Logged as ``train/z_loss`` (the term added); ``train/loss`` stays the
             cross-entropy, comparable with runs without it.
+        random_numbers: how the run's random numbers are drawn: ``construction_order`` (seed once, then build:
+            PyTorch's default) or ``by_name`` (each parameter's init keyed by its name, dropout by module and
+            batch, so that variants start identical in what they share; what ``cli.py sweep`` uses).
     """
 
     def __init__(self, vocab_size: int = 65, block_size: int = 256, arch: TransformerConfig = TransformerConfig(),
@@ -66,7 +69,8 @@ class LanguageModel(ArchitectureTask):
                  init_from: str | None = None, growth: Growth = Growth(),
                  compile: bool = False, activation_checkpointing: bool = False,
                  diagnostics: DiagnosticsConfig = DiagnosticsConfig(), bytes_per_token: float | None = None,
-                 z_loss: float = 0.0):
+                 z_loss: float = 0.0,
+                 random_numbers: Literal["construction_order", "by_name"] = "construction_order"):
         super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="tokens",
                          diagnostics=diagnostics)
         if not z_loss >= 0:
@@ -74,7 +78,8 @@ class LanguageModel(ArchitectureTask):
         self.check_optimizer(optimizer, optimizer_options, schedule, schedule_options)
         # The resolved config is logged by the CLI; the logger need not log hparams a second time.
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
-        self.model = GPT(vocab_size, block_size, arch, tie_embeddings)
+        self.model = self.build_model(lambda: GPT(vocab_size, block_size, arch, tie_embeddings),
+                                      random_numbers)
         if init_from is not None:
             load_initial_weights(self, init_from, growth)
         self.val_ppl = Perplexity()

@@ -23,6 +23,7 @@ from lit.callbacks import (
     has_unit_norm_weights,
 )
 from lit.checkpoints import restore_rng_states, rng_states
+from lit.common_random_numbers import BY_NAME, RuntimeStreams, build
 from lit.compute import non_embedding_parameters
 from lit.diagnostics import Diagnostics, DiagnosticsConfig
 from lit.errors import UserInputError
@@ -137,8 +138,27 @@ class ArchitectureTask(L.LightningModule):
                          min_lr_ratio=hp.min_lr_ratio, schedule=hp.get("schedule", "cosine"),
                          schedule_options=hp.get("schedule_options"))
 
+    def build_model(self, factory, random_numbers: str) -> torch.nn.Module:
+        """``factory()`` under the run's rule for random numbers (``lit/common_random_numbers.py``): by
+        construction order, or keyed by each parameter's name so that variants share what they have in common."""
+        self.random_numbers, self.random_numbers_seed = random_numbers, torch.initial_seed()
+        return build(factory, random_numbers, self.random_numbers_seed)
+
     def on_train_start(self) -> None:
         self._check_resumed_schedule()
+        if getattr(self, "random_numbers", None) == BY_NAME and getattr(self, "_streams", None) is None:
+            # Hooks inside a compiled block would break its graph: compiled runs key the stream by batch only.
+            self._streams = RuntimeStreams(self.model, self.random_numbers_seed, self.global_rank,
+                                           per_module=not self.compile_each_block)
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if getattr(self, "_streams", None) is not None:
+            self._streams.start_batch(self.trainer.fit_loop.total_batch_idx)
+
+    def on_train_end(self) -> None:
+        if getattr(self, "_streams", None) is not None:
+            self._streams.remove()
+            self._streams = None
 
     def _check_resumed_schedule(self) -> None:
         # A run resumed with another --trainer.max_steps (a cooldown branch) is only the run it claims to be if its

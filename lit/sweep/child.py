@@ -49,6 +49,8 @@ def fit_args(manifest: dict, child: Child, tune_value: str | None) -> list[str]:
     args += CHILD_DEFAULTS + list(manifest["fit_args"])
     args += [f"--{k}={v}" for k, v in overrides.items() if k != CONFIG_KEY]
     args += [f"--seed_everything={child.seed}", f"--data.seed={child.seed}"]
+    if manifest["protocol"].get("random_numbers"):
+        args.append(f"--model.random_numbers={manifest['protocol']['random_numbers']}")
     if child.steps is not None:
         args.append(f"--trainer.max_steps={child.steps}")
     logger = "--trainer.logger.init_args."

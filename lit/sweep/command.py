@@ -40,7 +40,8 @@ from lit.sweep.identity import changes, identity
 
 EPILOG = """\
 Each run is `cli.py fit --config RECIPE [variant] [fit options] --seed_everything=S --data.seed=S`: seed S is
-the init seed and the data order of that run in every variant, so the variants' differences pair by seed.
+the init seed and the data order of that run in every variant, so the variants' differences pair by seed; by
+default each parameter's init is keyed by its name (--random_numbers), so what two variants share starts equal.
 Tuning: each variant tries every --tune value on the tuning seed (--tune_seed, outside the evaluation seeds);
 the seeds run at the value with the best final validation --metric, and the tuning runs are not counted.
 A run whose loss goes non-finite is recorded as diverged (an outcome: never picked, never rerun); a
@@ -94,6 +95,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--equivalent", action="append", default=[], metavar="LABEL",
                    help="a variant whose claim is parity (with --equivalence_margin; default: every variant "
                         "but the baseline)")
+    p.add_argument("--random_numbers", choices=["by_name", "construction_order"], default="by_name",
+                   help="how each run draws its random numbers: by_name (default: every parameter's init keyed by "
+                        "its name, dropout by module and batch, so variants start identical in what they share "
+                        "and their seeds pair) or construction_order (the rule of sweeps before it)")
     p.add_argument("--new_sweep", action="store_true",
                    help="start a new sweep even though one of this command exists with other inputs (recipe, "
                         "config files or code commit changed)")
@@ -183,6 +188,8 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str],
     core = {"recipe": str(recipe_path), "variants": [{"label": v.label, "overrides": v.overrides} for v in variants],
             "baseline": baseline.label, "seed_base": base, "metric": a.metric, "mode": mode, "tune": tune,
             "fit_args": fit_options, "steps": steps, "report_metric": a.report_metric}
+    if a.random_numbers != "construction_order":  # absent: the rule of sweeps written before it, whose ids stand
+        core["random_numbers"] = a.random_numbers
     rungs = ladder.plan(a, fit_options, str(recipe_path), variants, baseline, measure_fn)
     if rungs is not None:  # absent, not null, outside a ladder: the ids of sweeps written before ladders stand
         core["ladder"] = rungs
@@ -404,7 +411,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
 
 
 CORE_FIELDS = ("recipe", "variants", "baseline", "seed_base", "metric", "mode", "tune", "fit_args", "steps",
-               "report_metric", "ladder")
+               "report_metric", "ladder", "random_numbers")
 LAUNCHED = P.PREFIX + "launched"
 
 
