@@ -374,6 +374,13 @@ def hand_mde(sd, n, alpha, power=0.8):
     return mid
 
 
+def hand_sd_limit(differences, confidence=0.8):
+    """The one-sided upper confidence limit of the std the MDE and the plan read: s * sqrt((n-1) / chi2 quantile
+    at 1 - confidence, n-1 degrees of freedom), from scipy's chi2."""
+    n = len(differences)
+    return np.std(differences, ddof=1) * np.sqrt((n - 1) / scipy_stats.chi2.ppf(1 - confidence, n - 1))
+
+
 def test_paired_tests_holm_and_verdicts_match_scipy(loss_report):
     markdown, _ = loss_report
     rows = table(markdown, "## Against the baseline")
@@ -398,8 +405,9 @@ def test_paired_tests_holm_and_verdicts_match_scipy(loss_report):
         assert_printed(row["p (Holm)"], p_holm, relative=5e-3)
         assert_printed(row["q (BH)"], q_bh, relative=5e-3)
         assert row["test"] == "paired t"
-        sd = differences.std(ddof=1)
-        assert_printed(row["MDE (80%)"], hand_mde(sd, 3, 0.05 / 3))
+        assert_printed(row["MDE (80%)"], hand_mde(hand_sd_limit(differences), 3, 0.05 / 3))
+        # the values' correlation, not the differences' (a variant's per-seed values against the baseline's)
+        assert_printed(row["corr."], np.corrcoef(FINALS[variant], FINALS["base"])[0, 1])
         # all 3 seeds of "fast" and "slow" point one way: 2 of the 8 sign patterns are as extreme
         expected_flip = 0.25 if variant != "same" else 1.0
         assert_printed(row["p (sign-flip)"], expected_flip, relative=1e-3)
@@ -409,7 +417,9 @@ def test_paired_tests_holm_and_verdicts_match_scipy(loss_report):
     assert "scipy.stats.ttest_rel" in markdown and "Holm-adjusted over the 3 tested comparisons" in markdown
     assert "Noise floor" not in markdown
     mde = re.search(r"\*\*Minimum detectable effect:\*\* ([\d.]+) to ([\d.]+)", markdown)
-    mdes = [hand_mde(np.subtract(FINALS[v], FINALS["base"]).std(ddof=1), 3, 0.05 / 3) for v in others]
+    mdes = [hand_mde(hand_sd_limit(np.subtract(FINALS[v], FINALS["base"])), 3, 0.05 / 3) for v in others]
+    assert "80% upper confidence limit, each comparison's from its own pairs" in markdown
+    assert "corr. is Pearson's correlation" in markdown
     assert_printed(mde[1], min(mdes)) and assert_printed(mde[2], max(mdes))
 
 
@@ -529,6 +539,7 @@ def test_one_seed_gives_means_without_a_p_value(run_compare, store):
     row = table(markdown, "## Against the baseline")["fast"]
     assert row["p (paired t)"] == "—" and row["p (Holm)"] == "—"
     assert row["verdict"] == "needs ≥2 paired seeds for a test"
+    assert row["corr."] == "—" and row["MDE (80%)"] == "—"
     assert "**Minimum detectable effect:** unknown; it needs ≥2 paired seeds" in markdown
     assert "Tuning: none" in markdown
 
@@ -564,6 +575,9 @@ def test_missing_seeds_pair_by_seed(edge_report):
     p = scipy_stats.ttest_rel([EDGE_FINALS["holes"][s] for s in differences],
                               [EDGE_FINALS["base"][s] for s in differences]).pvalue
     assert_printed(row["p (paired t)"], p, relative=5e-3)
+    # the correlation pairs by seed too: seeds 0, 2, 3 (by position it would pair holes' seed 2 with base's seed 1)
+    assert_printed(row["corr."], np.corrcoef([EDGE_FINALS["holes"][s] for s in differences],
+                                             [EDGE_FINALS["base"][s] for s in differences])[0, 1])
     variants = table(edge_report, "## Variants")
     assert variants["holes"]["per seed"] == "0: 3.200; 2: 3.110; 3: 3.260; 4: 3.000"
 
@@ -601,6 +615,8 @@ def test_a_diverged_seed_is_an_outcome(edge_report):
     assert row["test"] == "sign-flip" and row["CI (Holm)"] == "— (sign-flip verdict)"
     finite = edge_differences("div")
     assert_printed(row["p (paired t)"], scipy_stats.ttest_1samp(list(finite.values()), 0).pvalue, relative=5e-3)
+    assert_printed(row["corr."], np.corrcoef([EDGE_FINALS["div"][s] for s in finite],  # the finished pairs only
+                                             [EDGE_FINALS["base"][s] for s in finite])[0, 1])
     # three seeds better, the diverged one worst of all: signed ranks -2, -1, +4, -3, |sum| 2. A pattern's sum is
     # 10 - 2 * (the ranks it negates); only {1, 4} and {2, 3} give 0, so 14 of the 16 patterns reach |2|
     assert_printed(row["p (sign-flip)"], 14 / 16, relative=1e-3)
@@ -670,11 +686,15 @@ def test_plan_gives_the_seeds_an_effect_needs(run_compare):
     assert code == 0 and "# Plan for sweep" in out
     rows = table(out, "# Plan")
     alpha = 0.05 / 3
+    assert "read at its 80% upper confidence limit" in out
     for variant in ("fast", "same", "slow"):
-        sd = np.subtract(FINALS[variant], FINALS["base"]).std(ddof=1)
+        differences = np.subtract(FINALS[variant], FINALS["base"])
+        sd = hand_sd_limit(differences)
         n = next(n for n in range(2, 1000) if scipy_stats.nct.sf(scipy_stats.t.ppf(1 - alpha / 2, n - 1), n - 1,
                                                                   0.02 * np.sqrt(n) / sd) >= 0.8)
         assert rows[variant]["seeds for 0.02"] == str(n)
+        assert_printed(rows[variant]["std of paired differences"], differences.std(ddof=1))
+        assert_printed(rows[variant]["80% upper limit of the std"], sd)
         assert_printed(rows[variant]["MDE now (80%)"], hand_mde(sd, 3, alpha))
 
 

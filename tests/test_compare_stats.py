@@ -154,6 +154,53 @@ def test_seeds_needed_is_the_fewest_with_the_power():
         assert n == 2 or stats.power(effect, sd, n - 1, alpha) < 0.8
 
 
+def test_seeds_needed_matrix_is_seeds_needed_of_each_sd():
+    """The vectorised plan the calibration runs gives what the scalar walk gives, across small and large answers,
+    a zero spread (None) and answers beyond ``most`` (None)."""
+    sds = np.concatenate([np.geomspace(0.001, 5.0, 40), [0.0]])
+    for effect, alpha in ((0.03, 0.05 / 24), (1.0, 0.05 / 4), (-0.5, 0.05)):
+        scalar = [stats.seeds_needed(effect, sd, alpha, most=3000) for sd in sds]
+        expected = np.array([np.nan if n is None else n for n in scalar], dtype=float)
+        np.testing.assert_array_equal(stats.seeds_needed_matrix(effect, sds, alpha, most=3000), expected)
+
+
+def test_the_sd_upper_limit_covers_the_true_sd_four_times_in_five():
+    """The chi-square limit by hand, and its coverage on normal samples: above the true std in 80% of them (a
+    limit from the wrong tail of chi2 would cover in 20%)."""
+    d = np.array([[0.3, -0.1, 0.7], [1.0, 2.0, 4.0]])
+    by_hand = d.std(axis=1, ddof=1) * math.sqrt(2 / scipy_stats.chi2.ppf(0.2, 2))
+    np.testing.assert_allclose(stats.sd_upper_limit(d), by_hand)
+    assert stats.sd_limit_factor(3) == pytest.approx(2.117, abs=1e-3)
+    for n in (3, 6, 10):
+        samples = np.random.default_rng(n).standard_normal((40_000, n)) * 0.02
+        assert np.mean(stats.sd_upper_limit(samples) >= 0.02) == pytest.approx(0.8, abs=0.01)
+
+
+def test_the_printed_mde_and_plan_read_the_sd_upper_limit():
+    d = np.array([[0.01, -0.02, 0.015, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    upper = stats.sd_upper_limit(d[:1])[0]
+    mde = stats.detectable_effect(d, 0.05 / 6)
+    assert mde[0] == pytest.approx(stats.minimum_detectable_effect(upper, 4, 0.05 / 6), rel=1e-9)
+    assert math.isnan(mde[1])  # no spread: no MDE
+    plan = stats.planned_seeds(0.02, d, 0.05 / 6)
+    assert plan[0] == stats.seeds_needed(0.02, upper, 0.05 / 6) and math.isnan(plan[1])
+    assert math.isnan(stats.detectable_effect(d[:, :1], 0.05)[0])  # one pair: no spread to speak of
+
+
+def test_seed_correlation_is_pearsons_over_the_paired_seeds():
+    rng = np.random.default_rng(7)
+    baseline = {str(s): float(x) for s, x in enumerate(rng.standard_normal(6))}
+    variant = {str(s): 0.6 * baseline[str(s)] + float(x) for s, x in enumerate(rng.standard_normal(6))}
+    del variant["2"]  # a seed the variant lacks: pairing by seed, not by position
+    seeds = stats.paired_difference(variant, baseline, 0.95).seeds
+    expected = np.corrcoef([variant[s] for s in seeds], [baseline[s] for s in seeds])[0, 1]
+    assert stats.seed_correlation(variant, baseline, seeds) == pytest.approx(expected)
+    differences = [variant[s] - baseline[s] for s in seeds]  # not the differences' correlation with anything
+    assert abs(expected - np.corrcoef(differences, [baseline[s] for s in seeds])[0, 1]) > 0.1
+    assert stats.seed_correlation(variant, baseline, seeds[:2]) is None  # two points always correlate +-1
+    assert stats.seed_correlation({"0": 1.0, "1": 1.0, "2": 1.0}, baseline, ("0", "1", "2")) is None
+
+
 def test_bounded_interval_stays_inside_zero_one():
     values = [0.95, 0.96, 0.10]  # one collapsed seed: the raw t interval crosses 100%
     raw = stats.summarize(values, 0.95).interval

@@ -90,8 +90,9 @@ class Comparison:
     q_value: float | None = None  # Benjamini-Hochberg over the family
     level: float | None = None  # the per-comparison level of ``interval`` (Holm's level at this comparison)
     interval: tuple[float, float] | None = None  # excludes 0 exactly when the Holm verdict says different
-    mde: float | None = None  # at 80% power and the family's alpha / m
+    mde: float | None = None  # at 80% power and the family's alpha / m, from the paired sd's upper limit
     equivalence: Equivalence | None = None
+    correlation: float | None = None  # Pearson, variant vs baseline values over the finished paired seeds (n >= 3)
 
 
 @dataclass(frozen=True)
@@ -415,9 +416,9 @@ def compare_to_baseline(variants: list[VariantResult], base: VariantResult, conf
     index = 0
     comparisons = []
     for v, pair, outcomes, excluded, p_flip, test, p in rows:
-        sd = pair.summary.std if pair.summary is not None else None
-        mde = stats.minimum_detectable_effect(sd, len(pair.seeds), alpha / max(1, m))
-        common = dict(outcomes=outcomes, excluded=excluded, p_sign_flip=p_flip, test=test, mde=mde)
+        mde = detectable_effect(pair, alpha / max(1, m))
+        common = dict(outcomes=outcomes, excluded=excluded, p_sign_flip=p_flip, test=test, mde=mde,
+                      correlation=stats.seed_correlation(v.values, base.values, pair.seeds))
         if p is None:
             reason = (ALL_TUNING_DIVERGED if v.diverged_at_every_tuning_value and not outcomes
                       else NO_COMMON_SEED if not outcomes else NEEDS_PAIRS)
@@ -442,6 +443,15 @@ def compare_to_baseline(variants: list[VariantResult], base: VariantResult, conf
                                       equivalence=parity_result, **common))
     name, declared = family_name(sweep.protocol, sweep.sweep_id)
     return comparisons, Family(name, (sweep.sweep_id, *others), m, declared)
+
+
+def detectable_effect(pair: stats.Paired, alpha: float) -> float | None:
+    """The comparison's MDE at ``alpha`` (``stats.detectable_effect``: from the upper confidence limit of its
+    paired sd, the estimate the calibration checks); None below 2 pairs or without a spread."""
+    if len(pair.differences) < 2:
+        return None
+    mde = float(stats.detectable_effect(np.asarray(pair.differences)[None, :], alpha)[0])
+    return None if math.isnan(mde) else mde
 
 
 def _tost(pair: stats.Paired, excluded: tuple[str, ...], margin: float | None) -> float | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from lit.compare import stats
 from lit.compare.analysis import ALL_TUNING_DIVERGED, NEEDS_PAIRS, NEEDS_SEEDS, Analysis, Comparison, VariantResult
 from lit.compare.plots import CURVES, DEPTH, DEPTH_QUANTITIES, FOREST
@@ -16,6 +18,12 @@ from lit.compare.runs import DUPLICATE_RULE
 
 DASH = "—"
 DEFAULT_DECIMALS = 4  # when no spread is known (one seed)
+# Which std of the paired differences the MDE and the plan read (``stats.sd_upper_limit``), in words.
+SD_ESTIMATE = (f"The std of the paired differences is read at its {stats.SD_CONFIDENCE:.0%} upper confidence limit, "
+               "each comparison's from its own pairs (df n − 1: the observed std × √((n − 1) / "
+               f"χ²({1 - stats.SD_CONFIDENCE:.1f}; n − 1)), {stats.sd_limit_factor(3):.2f}× at 3 pairs, "
+               f"{stats.sd_limit_factor(6):.2f}× at 6, {stats.sd_limit_factor(10):.2f}× at 10), not at the observed "
+               "std, which from a few seeds falls below the true one half the time.")
 
 
 def value_decimals(analysis: Analysis) -> int:
@@ -51,24 +59,30 @@ def render(analysis: Analysis, figures: list[str]) -> str:
 
 def render_plan(analysis: Analysis, effect: float, power: float = stats.POWER) -> str:
     """``--plan``: per comparison, the paired seeds that would detect a difference of ``effect`` with ``power`` at
-    the family's alpha / m, from the observed spread of its paired differences, and the MDE at today's n."""
+    the family's alpha / m, from the upper confidence limit of the std of its paired differences (the pilot's), and
+    the MDE at today's n."""
     d = value_decimals(analysis)
     alpha = analysis.mde_alpha
     lines = [f"# Plan for sweep `{analysis.sweep.sweep_id[:8]}`: {analysis.metric}, effect {effect:g}", "",
              f"Seeds needed for a two-sided paired t-test to find a mean paired difference of {effect:g} with "
              f"{power:.0%} power at α / m = {analysis.alpha:.2g} / {analysis.family.size} = {alpha:.3g} (Holm's "
-             "strictest step, so the plan holds at any step), using each comparison's observed std of paired "
-             "differences as the truth. A spread estimated from 3 seeds is itself uncertain: treat the answer as a "
-             "rough size, and leads picked as the largest of many as optimistic (they shrink on rerun).", ""]
-    header = ["variant", "paired seeds now", "std of paired differences", "MDE now (80%)", f"seeds for {effect:g}"]
+             f"strictest step, so the plan holds at any step). {SD_ESTIMATE} A plan from the observed "
+             "std falls short of its power more often than not; this one falls short in about one pilot in five, "
+             "at the price of more seeds than the true std needs (a larger pilot shrinks the factor). Leads picked "
+             "as the largest of many are optimistic: they shrink on rerun.", ""]
+    limit = f"{stats.SD_CONFIDENCE:.0%} upper limit of the std"
+    header = ["variant", "paired seeds now", "std of paired differences", limit, "MDE now (80%)",
+              f"seeds for {effect:g}"]
     rows = []
     for c in analysis.comparisons:
         s = c.paired.summary
-        sd = s.std if s is not None else None
-        needed = stats.seeds_needed(effect, sd, alpha, power)
-        rows.append([c.label, str(len(c.paired.seeds)), _number(sd, d), _number(c.mde, d),
-                     DASH if needed is None else str(needed)])
-    return "\n".join(lines) + _table(header, rows) + "\n"
+        usable = len(c.paired.differences) >= 2
+        pilot = np.asarray(c.paired.differences)[None, :]
+        upper = float(stats.sd_upper_limit(pilot)[0]) if usable else None
+        needed = float(stats.planned_seeds(effect, pilot, alpha, power)[0]) if usable else math.nan
+        rows.append([c.label, str(len(c.paired.seeds)), _number(s.std if s is not None else None, d),
+                     _number(upper, d), _number(c.mde, d), DASH if math.isnan(needed) else str(int(needed))])
+    return "\n".join(lines) + "\n" + _table(header, rows) + "\n"
 
 
 def _captions(a: Analysis) -> dict[str, tuple[str, str]]:
@@ -265,15 +279,18 @@ def _against_baseline(a: Analysis, d: int) -> str:
         "nothing. The CI (Holm) of each t-tested comparison is drawn at the per-comparison level Holm used for it "
         "(shown): α/(m − rank) while Holm rejects, then the level where it stopped, so it excludes 0 exactly when "
         f"the verdict says different. MDE: the smallest mean paired difference this design finds with 80% power "
-        f"at α/m = {a.mde_alpha:.3g} (Holm's strictest step), from the observed std of the paired differences and "
-        f"the number of pairs (noncentral t). {better}")
+        f"at α/m = {a.mde_alpha:.3g} (Holm's strictest step), from the std of the paired differences and the "
+        f"number of pairs (noncentral t). {SD_ESTIMATE} corr. is Pearson's correlation between the variant's and "
+        "the baseline's per-seed values over the finished paired seeds (— below 3): pairing helps when it is "
+        "positive and costs when it is negative, since the paired differences have std "
+        f"√(sd_v² + sd_b² − 2 ρ sd_v sd_b). {better}")
     parity = a.equivalence_margin is not None and any(c.equivalence for c in a.comparisons)
     if parity:
         method += (f" Parity claims are tested as equivalence: two one-sided t-tests against ±{a.equivalence_margin:g}"
                    " (p (TOST), Holm over the family's parity claims); verdicts: equivalent within ±margin, "
                    "different (the difference test), or not shown equivalent.")
     header = ["variant", "paired seeds", "per-seed difference", "mean difference", "CI (Holm)", "p (paired t)",
-              "p (sign-flip)", "test", "p (Holm)", "q (BH)", "MDE (80%)"]
+              "p (sign-flip)", "test", "p (Holm)", "q (BH)", "corr.", "MDE (80%)"]
     header += ["p (TOST)"] if parity else []
     header += ["verdict"]
     rows = []
@@ -283,7 +300,8 @@ def _against_baseline(a: Analysis, d: int) -> str:
         row = [c.label, pairs, _differences(c, d, a.mode), DASH if s is None else f"{s.mean:+.{d}f}",
                _holm_interval(c, d),
                "undefined (zero spread)" if c.paired.zero_spread else _p(c.paired.p_value), _p(c.p_sign_flip),
-               c.test or DASH, _p(c.p_adjusted), _p(c.q_value), _number(c.mde, d)]
+               c.test or DASH, _p(c.p_adjusted), _p(c.q_value),
+               DASH if c.correlation is None else f"{c.correlation:+.2f}", _number(c.mde, d)]
         row += [_p(c.equivalence.p_value) if c.equivalence else DASH] if parity else []
         rows.append(row + [c.verdict])
     return "\n\n".join([title, method, _table(header, rows), _detectable(a, d)])
@@ -310,8 +328,9 @@ def _detectable(a: Analysis, d: int) -> str:
         return (f"**Minimum detectable effect:** unknown; it {NEEDS_PAIRS} (no variant has 2 finished seeds in "
                 "common with the baseline).")
     return (f"**Minimum detectable effect:** {min(mdes):.{d}f} to {max(mdes):.{d}f} (per comparison in the table): "
-            f"a true mean difference smaller than a row's MDE is missed more than 20% of the time at α/m = "
-            f"{a.mde_alpha:.3g}, so *not distinguishable* there says nothing about effects below it. It shrinks with "
+            f"a true mean difference at a row's MDE is found at α/m = {a.mde_alpha:.3g} with 80% power or more "
+            f"whenever the std's {stats.SD_CONFIDENCE:.0%} upper limit lies above the true std (4 reports in 5), and "
+            "*not distinguishable* says nothing about effects below it. It shrinks with "
             "more seeds faster than 1/√n at small n (the t quantile falls too); `compare --plan --effect E` gives "
             "the seeds a given effect needs.")
 

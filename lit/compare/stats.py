@@ -23,6 +23,10 @@ from scipy import optimize, stats
 MODES = ("min", "max")
 BETTER, WORSE, UNRESOLVED = "better", "worse", "not distinguishable at this noise"
 POWER = 0.8  # of the minimum detectable effect and of a plan
+# The MDE and the plan read the sd of the paired differences at its one-sided upper confidence limit of this level,
+# not at the observed sd: from 3 seeds the observed sd is below the true one half the time, and the plug-in MDE
+# is then found with a mean power of 0.62 instead of 0.80 (docs/comparing-statistics.md, "Calibration").
+SD_CONFIDENCE = 0.8
 EXACT_SIGN_FLIP_MAX = 16  # pairs enumerated exactly (2^16 patterns); beyond, a Monte-Carlo estimate
 MONTE_CARLO_FLIPS = 65_536
 BOUNDED_CLIP = 1e-4  # a seed at exactly 0 or 1 is taken this far inside before the logit
@@ -109,6 +113,21 @@ def paired_difference(variant: Mapping[str, float], baseline: Mapping[str, float
         p_value = None if zero_spread else p
     return Paired(seeds, tuple(float(d) for d in differences), summarize(differences, confidence), p_value,
                   zero_spread)
+
+
+def seed_correlation(variant: Mapping[str, float], baseline: Mapping[str, float],
+                     seeds: Sequence[str]) -> float | None:
+    """Pearson's correlation between the variant's and the baseline's values over ``seeds`` (the values, not
+    their differences): how much seed noise the two runs of a seed share. The paired differences have std
+    sqrt(sd_v^2 + sd_b^2 - 2 rho sd_v sd_b), so pairing helps when rho > 0 and costs when rho < 0. None below 3
+    seeds (two points always correlate +-1) or when either side does not vary."""
+    if len(seeds) < 3:
+        return None
+    v = np.array([variant[s] for s in seeds], dtype=float)
+    b = np.array([baseline[s] for s in seeds], dtype=float)
+    v, b = v - v.mean(), b - b.mean()
+    scale = math.sqrt(float((v * v).sum() * (b * b).sum()))
+    return float((v * b).sum() / scale) if scale > 0 else None
 
 
 def paired_t_p(differences: np.ndarray) -> np.ndarray:
@@ -236,14 +255,21 @@ def tost_p(differences: np.ndarray, margin: float) -> np.ndarray:
 def power(effect: float, sd: float, n: int, alpha: float) -> float:
     """Power of the two-sided paired t-test at level ``alpha`` with n pairs whose differences have std ``sd``
     and mean ``effect`` (the noncentral t)."""
+    return float(power_matrix(effect, sd, n, alpha))
+
+
+def power_matrix(effect, sd, n, alpha: float) -> np.ndarray:
+    """``power`` elementwise over arrays of effects, stds and numbers of pairs (broadcast together)."""
+    n = np.asarray(n)
     dof = n - 1
     critical = stats.t.ppf(1 - alpha / 2, dof)
-    shift = abs(effect) * math.sqrt(n) / sd
-    if shift > critical + 40:  # scipy's noncentral t answers NaN this far out; the power is 1 to float precision
-        return 1.0
+    shift = np.abs(effect) * np.sqrt(n) / sd
+    # scipy's noncentral t answers NaN far out, where the power is 1 to float precision.
+    far = shift > critical + 40
+    shift = np.where(far, 0.0, shift)
     upper, lower = stats.nct.sf(critical, dof, shift), stats.nct.cdf(-critical, dof, shift)
     # The far tail below -critical is negligible for a positive shift, and scipy may answer NaN for it.
-    return float(np.nan_to_num(upper, nan=1.0) + np.nan_to_num(lower, nan=0.0))
+    return np.where(far, 1.0, np.nan_to_num(upper, nan=1.0) + np.nan_to_num(lower, nan=0.0))
 
 
 def minimum_detectable_effect(sd: float | None, n: int, alpha: float, target: float = POWER) -> float | None:
@@ -272,6 +298,74 @@ def seeds_needed(effect: float, sd: float | None, alpha: float, target: float = 
         while n > 2 and power(effect, sd, n - 1, alpha) >= target:
             n -= 1
     return n
+
+
+def seeds_needed_matrix(effect: float, sd: np.ndarray, alpha: float, target: float = POWER,
+                        most: int = 10_000) -> np.ndarray:
+    """``seeds_needed`` of each std in ``sd`` at once (NaN where it answers None), so that the calibration plans
+    from thousands of simulated pilots with the function ``--plan`` runs. The walk starts at the normal
+    approximation ((z_{1-alpha/2} + z_target) sd / effect)^2, a few seeds from the answer, and goes up while the
+    power falls short, then back while one seed fewer still suffices (the power grows with n)."""
+    sd = np.asarray(sd, dtype=float)
+    usable = (sd > 0) & (effect != 0)
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(target)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        start = np.ceil(np.nan_to_num((z * sd / abs(effect)) ** 2, nan=2.0, posinf=most + 1.0))
+    n = np.maximum(2, np.minimum(start, most + 1)).astype(int)
+    walking = usable & (n <= most)
+    while walking.any():
+        index = np.flatnonzero(walking)
+        short = power_matrix(effect, sd[index], n[index], alpha) < target
+        n[index[short]] += 1
+        walking[index[~short]] = False
+        walking &= n <= most
+    walking = usable & (n > 2) & (n <= most)
+    while walking.any():
+        index = np.flatnonzero(walking)
+        fewer = power_matrix(effect, sd[index], n[index] - 1, alpha) >= target
+        n[index[fewer]] -= 1
+        walking[index[~fewer]] = False
+        walking &= n > 2
+    return np.where(usable & (n <= most), n, np.nan)
+
+
+def sd_upper_limit(differences: np.ndarray, confidence: float = SD_CONFIDENCE) -> np.ndarray:
+    """The one-sided ``confidence`` upper confidence limit of the std of each row's paired differences (rows of
+    n >= 2 values): the observed std (ddof=1) times sqrt((n-1) / chi2_{1-confidence, n-1}), which lies above
+    the true std in ``confidence`` of samples of normal differences (at 80%: 2.12x the observed std at 3 seeds,
+    1.46x at 6, 1.29x at 10). Each row from its own differences only: the comparisons of a sweep differ in how
+    well their seeds pair (correlations from -0.9 to +0.97 in the text suite), so an sd pooled over them would be
+    optimistic exactly for the noisiest rows, and rows that share the baseline's runs share its noise, so the
+    pooled degrees of freedom would overstate what the pool knows."""
+    d = np.asarray(differences, dtype=float)
+    return d.std(axis=-1, ddof=1) * sd_limit_factor(d.shape[-1], confidence)
+
+
+def sd_limit_factor(n: int, confidence: float = SD_CONFIDENCE) -> float:
+    """``sd_upper_limit`` / the observed std at n values: sqrt((n-1) / chi2_{1-confidence, n-1})."""
+    return math.sqrt((n - 1) / stats.chi2.ppf(1 - confidence, n - 1))
+
+
+def detectable_effect(differences: np.ndarray, alpha: float, target: float = POWER) -> np.ndarray:
+    """The MDE the report prints for each row of paired differences: ``minimum_detectable_effect`` at the row's
+    ``sd_upper_limit`` (the MDE is proportional to the sd, so one MDE of a unit sd serves every row). NaN below 2
+    pairs or without a spread."""
+    d = np.asarray(differences, dtype=float)
+    n = d.shape[-1]
+    if n < 2:
+        return np.full(d.shape[:-1], np.nan)
+    sd = sd_upper_limit(d)
+    return np.where(sd > 0, sd * minimum_detectable_effect(1.0, n, alpha, target), np.nan)
+
+
+def planned_seeds(effect: float, differences: np.ndarray, alpha: float, target: float = POWER,
+                  most: int = 10_000) -> np.ndarray:
+    """``--plan``'s seeds for each row of paired differences (a pilot): ``seeds_needed`` at the row's
+    ``sd_upper_limit``. NaN below 2 pairs, without a spread, or beyond ``most``."""
+    d = np.asarray(differences, dtype=float)
+    if d.shape[-1] < 2:
+        return np.full(d.shape[:-1], np.nan)
+    return seeds_needed_matrix(effect, sd_upper_limit(d), alpha, target, most)
 
 
 def improvement(difference: float, mode: str) -> float:
