@@ -36,6 +36,9 @@ sweeps written before them, and then fall back to the old behaviour, saying so i
                         seeds, never counted) or ``"reuse_seed_run"`` (the old rule, only when asked by name)
     ``"identity"``      what the sweep id covers: ``{"recipe_sha256", "variant_files": {path: sha256},
                         "commit", "dirty"}``
+    ``"random_numbers"`` ``"by_name"`` (each run's init keyed by parameter name, dropout by module and batch:
+                        ``lit/common_random_numbers.py``); absent in sweeps written before it, which drew them in
+                        construction order (``--random_numbers construction_order`` keeps that rule and their ids)
 Child tags added: ``OUTCOME`` (``"finished"`` or ``"diverged"``) and, on a diverged run, ``DIVERGED_STEP`` (the
 first step whose loss was non-finite; the metrics up to the last finite step are kept). A diverged run ends with
 MLflow status FAILED and ``OUTCOME = "diverged"``; any other FAILED run is a crash.
