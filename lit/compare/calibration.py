@@ -38,15 +38,19 @@ class Rate:
 
 
 def paired_differences(rng: np.random.Generator, reps: int, comparisons: int, seeds: int, rho: float,
-                       effects: np.ndarray | None = None) -> np.ndarray:
+                       effects: np.ndarray | None = None, spread: np.ndarray | None = None) -> np.ndarray:
     """Simulated variant - baseline per seed, shape (reps, comparisons, seeds): unit-variance runs, a variant's
-    run correlated ``rho`` with the baseline's run of its seed, ``effects`` (per comparison) added to the variants."""
+    run correlated ``rho`` with the baseline's run of its seed, ``effects`` (per comparison, or per family and
+    comparison) added to the variants. ``spread`` (per comparison) scales each comparison's noise: a family whose
+    variants pair with the baseline's seeds more or less well, as real ones do."""
     baseline = rng.standard_normal((reps, 1, seeds))
     own = rng.standard_normal((reps, comparisons, seeds))
-    variants = rho * baseline + math.sqrt(1 - rho ** 2) * own
+    differences = rho * baseline + math.sqrt(1 - rho ** 2) * own - baseline
+    if spread is not None:
+        differences = differences * np.asarray(spread, dtype=float)[None, :, None]
     if effects is not None:
-        variants = variants + np.asarray(effects, dtype=float)[None, :, None]
-    return variants - baseline
+        differences = differences + np.broadcast_to(np.asarray(effects, dtype=float), (reps, comparisons))[:, :, None]
+    return differences
 
 
 def family_rejections(differences: np.ndarray, alpha: float) -> np.ndarray:
@@ -92,6 +96,47 @@ def power_at_planned_seeds(rng: np.random.Generator, reps: int, comparisons: int
     return seeds, promised, Rate(float(found.mean()), reps)
 
 
+def power_at_printed_mde(rng: np.random.Generator, reps: int, comparisons: int, seeds: int, rho: float,
+                         spread: np.ndarray | None = None, alpha: float = ALPHA) -> tuple[float, Rate]:
+    """(median printed MDE / true MDE, rate) of comparison 0, with the std estimated as the report estimates it.
+    Each simulated sweep prints its MDE from its own differences (``stats.detectable_effect``, the function the
+    report calls); a second sweep of the same design, in which comparison 0 truly differs by that printed MDE and
+    the others are null, then asks whether Holm finds it. The rate is the mean power at the printed MDE, over
+    what the report would have printed. ``spread``: each comparison's noise scale (``paired_differences``)."""
+    spread = np.ones(comparisons) if spread is None else np.asarray(spread, dtype=float)
+    level = alpha / comparisons
+    printed = stats.detectable_effect(paired_differences(rng, reps, comparisons, seeds, rho, spread=spread)[:, 0],
+                                      level)
+    true = stats.minimum_detectable_effect(math.sqrt(2 - 2 * rho) * spread[0], seeds, level)
+    effects = np.zeros((reps, comparisons))
+    effects[:, 0] = printed
+    differences = paired_differences(rng, reps, comparisons, seeds, rho, effects, spread)
+    found = family_rejections(differences, alpha)[:, 0] & (differences[:, 0].mean(axis=1) > 0)
+    return float(np.median(printed) / true), Rate(float(found.mean()), reps)
+
+
+def power_of_plan_from_pilot(rng: np.random.Generator, reps: int, comparisons: int, pilot_seeds: int,
+                             effect: float, sd: float, alpha: float = ALPHA) -> tuple[float, int, Rate]:
+    """(median seeds planned, seeds the true ``sd`` needs, rate): ``--plan`` for ``effect`` from a simulated pilot
+    of ``pilot_seeds`` whose paired differences have std ``sd`` (``stats.planned_seeds``, the function the plan
+    calls, on comparison 0's differences), then a sweep with the planned seeds in which comparison 0 differs by
+    ``effect``; the rate at which Holm finds it is the plan's realised (mean) power. A plan beyond
+    ``seeds_needed``'s ceiling counts as not found."""
+    rho = 0.5
+    scale = sd / math.sqrt(2 - 2 * rho)
+    level = alpha / comparisons
+    pilot = paired_differences(rng, reps, comparisons, pilot_seeds, rho)[:, 0] * scale
+    planned = stats.planned_seeds(effect, pilot, level)
+    found = np.zeros(reps, dtype=bool)
+    effects = np.zeros(comparisons)
+    effects[0] = effect / scale
+    for seeds in np.unique(planned[~np.isnan(planned)]):  # one simulated batch per planned size
+        rows = np.flatnonzero(planned == seeds)
+        differences = paired_differences(rng, rows.size, comparisons, int(seeds), rho, effects)
+        found[rows] = family_rejections(differences, alpha)[:, 0] & (differences[:, 0].mean(axis=1) > 0)
+    return float(np.nanmedian(planned)), stats.seeds_needed(effect, sd, level), Rate(float(found.mean()), reps)
+
+
 def tost_rates(rng: np.random.Generator, reps: int, seeds: int, margin: float,
                alpha: float = ALPHA) -> tuple[Rate, Rate]:
     """(false equivalence, power): how often two one-sided tests call "equivalent within ±margin" when the true
@@ -128,6 +173,19 @@ def report(seed: int = SEED, reps: int = 20_000) -> str:
         seeds, promised, rate = power_at_planned_seeds(rng, reps, 4, effect, 1.0)
         lines.append(f"| power with --plan's seeds (effect {effect} σ_diff) | m=4, n={seeds} planned | "
                      f"{rate.rate:.4f} ± {rate.standard_error:.4f} | {promised:.4f} |")
+    # What the report prints: the std estimated from the sweep's own seeds (the 80% upper confidence limit).
+    for comparisons, seeds, rho, spread in ((24, 3, 0.0, None), (24, 6, 0.0, None), (24, 10, 0.0, None),
+                                            (4, 3, 0.5, None), (4, 3, 0.0, (2.0, 1.0, 1.0, 1.0))):
+        ratio, rate = power_at_printed_mde(rng, reps, comparisons, seeds, rho, spread)
+        row = ", its noisiest row (2x the others' σ_diff)" if spread else ""
+        lines.append(f"| mean power at the printed MDE, σ estimated as the report does (printed / true MDE: median "
+                     f"{ratio:.2f}) | m={comparisons}, n={seeds}, rho={rho:+.2f}{row} | "
+                     f"{rate.rate:.4f} ± {rate.standard_error:.4f} | ≥ 0.75 |")
+    for comparisons, pilot, effect, sd in ((24, 3, 0.03, 0.02), (24, 6, 0.03, 0.02), (4, 3, 1.0, 1.0)):
+        median, true_seeds, rate = power_of_plan_from_pilot(rng, reps, comparisons, pilot, effect, sd)
+        lines.append(f"| power of --plan from a {pilot}-seed pilot (effect {effect / sd:g} σ_diff; median {median:g} "
+                     f"seeds planned, {true_seeds} at the true σ) | m={comparisons}, pilot n={pilot} | "
+                     f"{rate.rate:.4f} ± {rate.standard_error:.4f} | ≥ 0.80 |")
     for seeds, margin in ((6, 1.0), (10, 0.5)):
         false, power = tost_rates(rng, reps, seeds, margin)
         lines.append(f"| TOST: equivalent when the truth is on the margin | n={seeds}, margin {margin} σ_diff | "
