@@ -168,28 +168,30 @@ class RuntimeStreams:
     """
 
     def __init__(self, model: nn.Module, seed: int, rank: int = 0, per_module: bool = True):
-        self.seed, self.rank, self.batch = seed, rank, 0
+        self.seed, self.rank, self.batch_key = seed, rank, 0
         self.handles = []
         if per_module:
             for path, module in model.named_modules():
-                self.handles.append(module.register_forward_pre_hook(self._hook(path or "(model)")))
+                self.handles.append(module.register_forward_pre_hook(self._hook(keyed_seed(path or "(model)"))))
 
-    def _hook(self, path: str):
+    def _hook(self, path_key: int):
         def reseed(module: nn.Module, args) -> None:
             if module.training:
-                self._reseed(path)
+                self._reseed(path_key)
         return reseed
 
-    def _reseed(self, key: str) -> None:
-        seed = keyed_seed(self.seed, self.rank, self.batch, key)
+    def _reseed(self, path_key: int) -> None:
+        # Two independent 63-bit hashes combined by XOR: one sha256 per batch, not one per module call (the hook
+        # runs before every module's forward, so its cost is per call).
+        seed = self.batch_key ^ path_key
         torch.default_generator.manual_seed(seed)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.default_generators[torch.cuda.current_device()].manual_seed(seed)
 
     def start_batch(self, batch: int) -> None:
         """Called before each training batch (its index counted over the whole run)."""
-        self.batch = batch
-        self._reseed("(batch)")
+        self.batch_key = keyed_seed(self.seed, self.rank, batch)
+        self._reseed(keyed_seed("(batch)"))
 
     def remove(self) -> None:
         for handle in self.handles:
