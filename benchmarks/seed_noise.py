@@ -161,8 +161,10 @@ def run_all(parallel: int) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     results = OUT / "results.jsonl"
     done = {json.loads(line)["key"] for line in results.read_text().splitlines()} if results.exists() else set()
-    # Seed-major order: an interrupted study still has every arm and condition at its first seeds.
-    jobs = [(a, c, s) for s in SEEDS for c in CONDITIONS for a in ARMS if run_key(a, c, s) not in done]
+    # Before/after first (they decide what sweeps adopt), then the one-source conditions; seed-major within each,
+    # so an interrupted study still has every arm at its first seeds.
+    jobs = [(a, c, s) for pair in (("today", "by_name"), ("init", "data")) for s in SEEDS for c in pair for a in ARMS
+            if run_key(a, c, s) not in done]
     print(f"{len(done)} runs done, {len(jobs)} to run", flush=True)
     with multiprocessing.get_context("fork").Pool(parallel, maxtasksperchild=1) as pool:
         for result in pool.imap_unordered(one_run, jobs):
