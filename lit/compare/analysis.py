@@ -16,6 +16,8 @@ import pandas as pd
 
 from lit.compare import stats
 from lit.compare.runs import Sweep, is_throughput_metric
+from lit.compare.sequential import SequentialResult
+from lit.compare.sequential_report import sequential_verdicts
 from lit.errors import UserInputError
 from lit.sweep import protocol
 from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
@@ -153,6 +155,8 @@ class Analysis:
     bounded: bool  # the metric is a proportion in [0, 1]: logit intervals, collapses shown
     equivalence_margin: float | None = None
     curve_metric: str = ""  # what the curves and steps to target read (``curve_metric``); "" means ``metric``
+    sequential: SequentialResult | None = None  # a sequential sweep's looks, replayed (lit/compare/sequential.py)
+    sequential_notes: tuple[str, ...] = ()  # what the report must say about them
 
     @property
     def curve_of(self) -> str:
@@ -257,6 +261,9 @@ def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, 
     variants = [_with_relative_throughput(v, base) for v in variants]
     others = family_tests or {}
     comparisons, family = compare_to_baseline(variants, base, confidence, mode, equivalence, others, sweep)
+    # A sequential sweep is decided by its looks, not by a test over the seeds each comparison ended with.
+    comparisons, looks, look_notes = sequential_verdicts(sweep.protocol, list(sweep.looks), comparisons, mode,
+                                                         baseline, metric)
     half_widths = [c.paired.summary.half_width for c in comparisons
                    if c.paired.summary is not None and c.paired.summary.half_width]
     return Analysis(
@@ -267,7 +274,7 @@ def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, 
         depth=depth_profile(sweep, finished), without_metric=int((sweep.runs["outcome"] ==
                                                                    protocol.FINISHED_OUTCOME).sum()) - len(finished),
         family=family, bounded=bounded, equivalence_margin=equivalence[0] if equivalence else None,
-        curve_metric=along)
+        curve_metric=along, sequential=looks, sequential_notes=tuple(look_notes))
 
 
 def curve_metric(spec: dict, metric: str, history: dict[str, pd.DataFrame]) -> str:

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from lit.compare import stats
+from lit.compare import sequential_report, stats
 from lit.compare.analysis import ALL_TUNING_DIVERGED, NEEDS_PAIRS, NEEDS_SEEDS, Analysis, Comparison, VariantResult
 from lit.compare.plots import CURVES, DEPTH, DEPTH_QUANTITIES, FOREST
 from lit.compare.runs import DUPLICATE_RULE
@@ -39,6 +39,9 @@ def render(analysis: Analysis, figures: list[str]) -> str:
     """The whole report; ``figures`` are the file names ``plots.draw_all`` wrote beside it."""
     d = value_decimals(analysis)
     sections = [_header(analysis), _variants(analysis, d), _against_baseline(analysis, d), _targets(analysis)]
+    if analysis.sequential is not None or analysis.sequential_notes:  # decided look by look: say how
+        sections.insert(3, sequential_report.render(analysis.sequential, list(analysis.sequential_notes))
+                        if analysis.sequential is not None else "\n\n".join(analysis.sequential_notes))
     if analysis.depth is not None and DEPTH in figures:
         sections.append("## Depth profile\n\nRMS of the residual stream after each sublayer "
                         "(`diag/stream_rms/*`), mean over seeds, at the first and the last step the runs logged "
@@ -114,6 +117,7 @@ def _header(a: Analysis) -> str:
         f"- Variants ({len(a.variants)}): {variants}.",
         f"- Seeds: {', '.join(str(s) for s in seeds)} ({len(seeds)} per variant); runs of two variants that "
         "share a seed are compared as a pair.",
+        *(f"- {note}" for note in sequential_report.header_notes(spec, list(sweep.looks), list(sweep.extensions))),
         f"- Metric: `{a.metric}`, {better} is better (from {a.mode_source}); {_metric_source(a)} Each run counts "
         "with its value at its last logged step (not its best one).",
         f"- {_tuning(a)}",

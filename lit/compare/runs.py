@@ -58,6 +58,8 @@ class Sweep:
     tune_runs: int  # tuning-phase child runs found, whatever their status
     duplicates: tuple[tuple[str, str, int], ...] = ()  # (variant, seed, runs found) where more than one counted
     tuning: pd.DataFrame | None = None  # one row per tuning run: variant, tune_value, status, outcome
+    looks: tuple[dict, ...] = ()  # a sequential sweep's recorded looks (lit/sweep/history.py), look 1 first
+    extensions: tuple[dict, ...] = ()  # --add_seeds extensions outside a sequential plan, recorded
 
     @property
     def sweep_id(self) -> str:
@@ -197,7 +199,14 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
                  metric=metric, runs=kept.reset_index(drop=True), history=read_histories(client, keys_by_run),
                  logged=tuple(logged), left_out=left_out, replaced=len(runs) - len(kept),
                  tune_runs=sum(r.data.tags.get(protocol.PHASE) == protocol.TUNE_PHASE for r in children),
-                 duplicates=duplicates, tuning=_tuning_table(children))
+                 duplicates=duplicates, tuning=_tuning_table(children), **_course(client, parent.info.run_id))
+
+
+def _course(client: MlflowClient, run_id: str) -> dict[str, tuple[dict, ...]]:
+    """The sweep's never-overwritten history: its recorded looks and extensions."""
+    from lit.sweep.history import read_extensions, read_looks
+
+    return {"looks": tuple(read_looks(client, run_id)), "extensions": tuple(read_extensions(client, run_id))}
 
 
 def is_diverged(run: Run) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
-from lit.sweep import ladder
+from lit.sweep import ladder, looks
 from lit.sweep import protocol as P
 from lit.sweep.grid import (
     Child,
@@ -67,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
                    help="one more variant (several keys at once; config=FILE layers a YAML file); with only "
                         "--variant options the unchanged recipe is the first variant; with neither --vary nor "
                         "--variant the recipe alone runs over the seeds")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per variant (default 3)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per variant (default 3; with --looks, the last look)")
     p.add_argument("--seed_base", type=int, default=None,
                    help="first seed (default: the recipe's seed_everything, else 0); seeds are consecutive")
     p.add_argument("--add_seeds", type=int, default=0, metavar="N",
@@ -110,6 +110,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                    help="an #SBATCH line for the job arrays, e.g. --sbatch=--gpus-per-task=1 (repeatable)")
     ladder.add_options(p)
+    looks.add_options(p)
     p.add_argument("--out", help="folder for the manifest, logs, checkpoints and scripts (default: sweeps/<id>)")
     return p
 
@@ -154,6 +155,7 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str],
     if bad or (fit_options and not fit_options[0].startswith("--")):
         raise UserInputError(f"cannot read {(bad or fit_options)[0]!r}: fit options are --key=value "
                              "(see `python cli.py sweep --help`)")
+    sequential = looks.plan_of(a)  # settles a.seeds: with --looks, the last look
     if a.seeds < 1:
         raise UserInputError(f"--seeds must be at least 1, got {a.seeds}")
     if a.add_seeds < 0:
@@ -193,6 +195,8 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str],
     rungs = ladder.plan(a, fit_options, str(recipe_path), variants, baseline, measure_fn)
     if rungs is not None:  # absent, not null, outside a ladder: the ids of sweeps written before ladders stand
         core["ladder"] = rungs
+    if sequential is not None:  # absent outside a sequential plan, like "ladder"
+        core["sequential"] = sequential
     proto = {**core, "seeds": seeds, "family": a.family, "equivalence": equivalence,
              "identity": identity(recipe_path, variants)}
     if tune is not None:
@@ -235,7 +239,10 @@ def main(argv: list[str]) -> int:
     started = time.time()
     try:
         a, fit_options = parser().parse_known_args(argv)
-        return _sweep(a, fit_options, started)
+        code = _sweep(a, fit_options, started)
+        while code == looks.NEXT_LOOK:  # a sequential sweep run here: the look just run is decided, then the next
+            code = _sweep(a, fit_options, started)
+        return code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted: rerun the same command to resume (finished runs are kept)\n")
         return 130
@@ -327,6 +334,10 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
         proto["family"] = proto["family"] or proto["sweep_id"]
         parent, extended, stored_seeds = None, False, []
     children = ladder.expand(build_children(variants, proto["seeds"], tuning), proto.get("ladder"))
+    # A sequential sweep first decides every look whose runs are done, then runs only the next look's seeds.
+    look = looks.advance(client, experiment_id, parent, proto, children) if proto.get("sequential") else None
+    if look is not None:
+        children = look.children
     runs = child_runs(client, experiment_id, proto["sweep_id"]) if parent is not None else []
     stale, live = settle_unfinished_runs(client, runs)
     done = done_by_key(runs)
@@ -338,7 +349,8 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
                 "children": [c.to_json() for c in children]}
     # Every variant with runs to do is built once (model, data, trainer) before any compute is spent:
     # a key or value the recipe rejects ends here, in one line, before a parent run exists.
-    tested = _check_variants(a, manifest, todo if parent is not None else children, out / "logs")
+    checked = [] if look is not None and look.look > 1 else todo if parent is not None else children  # once
+    tested = _check_variants(a, manifest, checked, out / "logs")
     if parent is None:
         if proto["report_metric"] is None:
             if len(set(tested.values())) > 1:
@@ -362,22 +374,34 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
         client.log_batch(parent_id, tags=[_tag(k, v) for k, v in owner_tags().items()])
         if extended:
             write_protocol(client, parent_id, proto)
+            _warn_interim_look(client, parent_id, proto["sweep_id"], len(stored_seeds), len(proto["seeds"]))
     manifest["parent_run_id"] = parent_id
-    manifest_path = out / "manifest.json"
+    scripts = look.folder(out) if look is not None else out  # each look has its own manifest and job arrays
+    scripts.mkdir(parents=True, exist_ok=True)
+    manifest_path = scripts / "manifest.json"
     manifest_path.write_text(json.dumps(manifest, indent=1))
     n_variants, n_tune = len(proto["variants"]), sum(c.phase == "tune" for c in children)
     what = "new" if parent is None else (f"extended from {len(stored_seeds)} seeds" if extended else "resumed")
     print(f"sweep {proto['sweep_id']} ({what}): {n_variants} variants x {len(proto['seeds'])} seeds"
           + (f" x {len(proto['ladder']['rungs'])} rungs" if proto.get("ladder") else "")
           + (f", {n_tune} tuning runs" if n_tune else "") + f"; parent run {parent_id} in experiment "
-          f"{experiment!r} ({uri}); reports {proto['report_metric']}", flush=True)
+          f"{experiment!r} ({uri}); reports {proto['report_metric']}" + (look.describe() if look else ""),
+          flush=True)
+    for line in look.recorded if look else ():
+        print(line, flush=True)
+    if look is not None and look.finished:
+        client.set_terminated(parent_id, status="FINISHED")
+        print(f"report: python cli.py compare --experiment {experiment}"
+              + (f" --tracking_uri {uri}" if a.tracking_uri else ""))
+        return 0
     if a.launch == "slurm":
         from lit.sweep.slurm import write_scripts
 
-        submit = write_scripts(manifest, manifest_path, out, a.sbatch)
+        submit = write_scripts(manifest, manifest_path, scripts, a.sbatch)
         client.set_tag(parent_id, LAUNCHED, "slurm")
         client.set_terminated(parent_id, status="FINISHED")  # the launch is done; each child has its own status
-        print(f"wrote {manifest_path} and the job arrays; submit with: bash {submit}")
+        print(f"wrote {manifest_path} and the job arrays; submit with: bash {submit}"
+              + (f"; once they have run, rerun this command to decide look {look.look}" if look else ""))
         return 0
     if stale:
         print(f"{stale} runs left unfinished by an interrupted sweep were marked KILLED and run again", flush=True)
@@ -404,14 +428,28 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
             _log_overhead(client, parent_id, experiment_id, proto["sweep_id"], started, a.parallel)
         finally:
             client.set_terminated(parent_id, status=status)
+    if code == 0 and look is not None:
+        return looks.NEXT_LOOK
     if code == 0:
         print(f"all runs finished; report: python cli.py compare --experiment {experiment}"
               + (f" --tracking_uri {uri}" if a.tracking_uri else ""))
     return code
 
 
+def _warn_interim_look(client, parent_id: str, sweep: str, before: int, after: int) -> None:
+    """``--add_seeds`` outside a sequential plan: the verdicts read before are an interim look. One line, and a
+    record under the parent run that is never overwritten (``lit/sweep/history.py``)."""
+    from lit.sweep.history import write_extension
+
+    record = write_extension(client, parent_id, before, after)
+    sys.stderr.write(f"warning: sweep {sweep} extended from {before} to {after} seeds outside a sequential plan: "
+                     f"verdicts read at {before} seeds were an interim look, so those at {after} are not at the "
+                     "report's alpha (plan looks with --looks); recorded as extensions/extension_"
+                     f"{record['index']}.json\n")
+
+
 CORE_FIELDS = ("recipe", "variants", "baseline", "seed_base", "metric", "mode", "tune", "fit_args", "steps",
-               "report_metric", "ladder", "random_numbers")
+               "report_metric", "ladder", "random_numbers", "sequential")
 LAUNCHED = P.PREFIX + "launched"
 
 
