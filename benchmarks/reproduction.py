@@ -290,8 +290,9 @@ TITLE = """# Reproduction claims
 
 One row per claim, from `cli.py compare`'s analysis of its suite: Holm and the equivalence tests run within the
 suite's declared family (text, digits), never across suites; the interval is in step with Holm; the MDE is the
-smallest paired difference the row's seeds detect with 80% power at the family's alpha/m; the speedup is compare's
-steps to the reference's final value per seed (a claim about convergence speed is read there). Written by
+smallest paired difference the row's seeds detect with 80% power at the family's alpha/m, from the 80% upper
+confidence limit of the row's paired sd (df n - 1; the observed sd would be too small half the time); the speedup
+is compare's steps to the reference's final value per seed (a claim about convergence speed is read there). Written by
 `python -m benchmarks.reproduction --report-only`; how to read it: [the reproduction page](../reproduction.md).
 
 """

@@ -4,7 +4,8 @@ Variants that differ from the baseline only by seed noise, with paired correlati
 the baseline's run of the same seed (the shared data order makes it positive; different inits can make it
 anything). Every variant shares the baseline's runs, so the family's tests are correlated, as in a real sweep. The
 same functions the report runs (``stats.paired_t_p``, ``stats.holm_matrix``, ``stats.tost_p``,
-``stats.sign_flip_p_matrix``, ``stats.minimum_detectable_effect``, ``stats.seeds_needed``) run here on a matrix
+``stats.sign_flip_p_matrix``, ``stats.minimum_detectable_effect``, ``stats.seeds_needed``, and the estimates of
+the std the MDE and the plan read, ``stats.detectable_effect`` and ``stats.planned_seeds``) run here on a matrix
 of simulated families at once.
 
 ``python -m lit.compare.calibration`` prints the figures that docs/comparing-statistics.md records.
@@ -69,9 +70,10 @@ def null_family_error(rng: np.random.Generator, reps: int, comparisons: int, see
 
 def power_at_planned_effect(rng: np.random.Generator, reps: int, comparisons: int, seeds: int, rho: float,
                             alpha: float = ALPHA) -> tuple[float, Rate]:
-    """(effect, rate): one variant shifted by the MDE the report would print for this design (80% power at
-    alpha / m, from the true std of the paired differences), the others null; the rate at which Holm calls it
-    in the right direction. Holm rejects at least what Bonferroni does, so the rate is 80% or a little above."""
+    """(effect, rate): one variant shifted by the MDE of this design at the true std of the paired differences
+    (80% power at alpha / m: the formula alone; what the report prints reads the std from the sweep's own seeds,
+    ``power_at_printed_mde``), the others null; the rate at which Holm calls it in the right direction. Holm
+    rejects at least what Bonferroni does, so the rate is 80% or a little above."""
     sd = math.sqrt(2 - 2 * rho)
     effect = stats.minimum_detectable_effect(sd, seeds, alpha / comparisons)
     effects = np.zeros(comparisons)
@@ -167,11 +169,11 @@ def report(seed: int = SEED, reps: int = 20_000) -> str:
     for comparisons, seeds in ((4, 3), (4, 6), (12, 8)):
         for rho in (0.0, 0.9):
             effect, rate = power_at_planned_effect(rng, reps, comparisons, seeds, rho)
-            lines.append(f"| power at the printed MDE ({effect:.3g} σ_run) | m={comparisons}, n={seeds}, "
+            lines.append(f"| power at the MDE, σ known ({effect:.3g} σ_run) | m={comparisons}, n={seeds}, "
                          f"rho={rho:+.2f} | {rate.rate:.4f} ± {rate.standard_error:.4f} | 0.80 |")
     for effect in (0.5, 1.0):
         seeds, promised, rate = power_at_planned_seeds(rng, reps, 4, effect, 1.0)
-        lines.append(f"| power with --plan's seeds (effect {effect} σ_diff) | m=4, n={seeds} planned | "
+        lines.append(f"| power with --plan's seeds, σ known (effect {effect} σ_diff) | m=4, n={seeds} planned | "
                      f"{rate.rate:.4f} ± {rate.standard_error:.4f} | {promised:.4f} |")
     # What the report prints: the std estimated from the sweep's own seeds (the 80% upper confidence limit).
     for comparisons, seeds, rho, spread in ((24, 3, 0.0, None), (24, 6, 0.0, None), (24, 10, 0.0, None),
