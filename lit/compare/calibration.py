@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lit.compare import stats
+from lit.compare import sequential, stats
 
 SEED = 20_260_601
 ALPHA = 0.05
@@ -153,6 +153,141 @@ def sign_flip_size(rng: np.random.Generator, reps: int, seeds: int, alpha: float
     """How often the exact sign-flip test rejects a true null (heavy-tailed differences: it needs no normality)."""
     differences = rng.standard_t(2, (reps, seeds))
     return Rate(float((stats.sign_flip_p_matrix(differences) < alpha).mean()), reps)
+
+
+SEQUENTIAL_LOOKS = (3, 6, 9, 12)
+SEQUENTIAL_CORRELATIONS = (-0.5, 0.0, 0.5, 0.9, 0.95)
+
+
+def diverge_one_run(rng: np.random.Generator, differences: np.ndarray) -> np.ndarray:
+    """``differences`` with one diverged run per simulated family: at a uniform seed, in a uniform arm (the
+    baseline or one of the variants), entered as compare enters it (the worst outcome, an infinite difference
+    against its side; a diverged baseline run shifts every comparison of the family). Under the null each
+    comparison is as likely to lose the run as to win it."""
+    reps, comparisons, seeds = differences.shape
+    out = differences.copy()
+    seed = rng.integers(0, seeds, reps)
+    arm = rng.integers(0, comparisons + 1, reps)  # 0: the baseline
+    rows = np.arange(reps)
+    base = arm == 0
+    out[rows[base], :, seed[base]] = -np.inf
+    out[rows[~base], arm[~base] - 1, seed[~base]] = np.inf
+    return out
+
+
+def sequential_family(rng: np.random.Generator, reps: int, comparisons: int, plan: sequential.Plan, rho: float,
+                      effects: np.ndarray | None = None,
+                      diverged: bool = False) -> tuple[sequential.Decisions, sequential.Evidence]:
+    """Simulated families run through the sweep's own looks (``sequential.evidence`` and ``sequential.decide``):
+    every seed up to the last look is drawn, and each look reads its first n_k."""
+    differences = paired_differences(rng, reps, comparisons, plan.looks[-1], rho, effects)
+    if diverged:
+        differences = diverge_one_run(rng, differences)
+    found = sequential.evidence(differences, plan.looks)
+    return sequential.decide(found, plan), found
+
+
+def sequential_null_error(rng: np.random.Generator, reps: int, comparisons: int, plan: sequential.Plan, rho: float,
+                          diverged: bool = False) -> tuple[Rate, float]:
+    """(the family-wise rate of any false "better"/"worse" over all looks when no variant differs, the mean paired
+    seeds a comparison ran). The design promises the rate is at most alpha."""
+    decisions, _ = sequential_family(rng, reps, comparisons, plan, rho, diverged=diverged)
+    rate = Rate(float((decisions.state == sequential.REJECTED).any(axis=1).mean()), reps)
+    return rate, float(decisions.pairs_used(plan).mean())
+
+
+def sequential_power(rng: np.random.Generator, reps: int, comparisons: int, plan: sequential.Plan,
+                     rho: float) -> tuple[float, float, Rate, float, float]:
+    """(effect, promised power, rate, futile share, mean seeds it ran): one variant shifted by the effect a fixed
+    design at the last look's seeds finds with 80% power at alpha / m (``--plan``'s promise for that many seeds),
+    the others null, the futility rule set at that effect; the rate at which the looks decide it in the right
+    direction. Spending over looks and stopping for futility cost a little of the promise."""
+    sd = math.sqrt(2 - 2 * rho)
+    effect = stats.minimum_detectable_effect(sd, plan.looks[-1], plan.alpha / comparisons)
+    promised = stats.power(effect, sd, plan.looks[-1], plan.alpha / comparisons)
+    effects = np.zeros(comparisons)
+    effects[0] = effect
+    planned = sequential.Plan(plan.looks, plan.alpha, plan.spending, effect, plan.futility_power)
+    decisions, found = sequential_family(rng, reps, comparisons, planned, rho, effects)
+    rejected = decisions.state[:, 0] == sequential.REJECTED
+    crossing = np.maximum(decisions.crossing[:, 0] - 1, 0)
+    # The direction at the look whose statistic crossed: a rejection the wrong way is no find.
+    right_way = found.direction[np.arange(reps), 0, crossing] > 0
+    futile = float((decisions.state[:, 0] == sequential.FUTILE).mean())
+    return (effect, promised, Rate(float((rejected & right_way).mean()), reps), futile,
+            float(decisions.pairs_used(planned)[:, 0].mean()))
+
+
+def fixed_looks_error(rng: np.random.Generator, reps: int, comparisons: int, looks: tuple[int, ...],
+                      rho: float) -> Rate:
+    """Optional stopping without a plan: Holm at alpha at every look, stop at the first verdict (what --add_seeds
+    and a new compare do). The family-wise rate the fixed design's report then claims to be alpha."""
+    differences = paired_differences(rng, reps, comparisons, looks[-1], rho)
+    any_verdict = np.zeros(reps, dtype=bool)
+    for n in looks:
+        any_verdict |= family_rejections(differences[..., :n], ALPHA).any(axis=1)
+    return Rate(float(any_verdict.mean()), reps)
+
+
+def single_comparison_error(rng: np.random.Generator, reps: int, looks: tuple[int, ...],
+                            levels: tuple[float, ...]) -> Rate:
+    """One null comparison, the paired t at each look against ``levels``: how often some look rejects."""
+    differences = rng.standard_normal((reps, looks[-1]))
+    rejected = np.zeros(reps, dtype=bool)
+    for n, level in zip(looks, levels, strict=True):
+        rejected |= stats.paired_t_p(differences[:, :n]) < level
+    return Rate(float(rejected.mean()), reps)
+
+
+def sequential_report(seed: int = SEED, reps: int = 20_000) -> str:
+    """The sequential design's figures, as the Markdown table docs/sequential.md shows."""
+    rng = np.random.default_rng(seed)
+    plan = sequential.Plan(SEQUENTIAL_LOOKS, ALPHA)
+    looks = ", ".join(str(n) for n in SEQUENTIAL_LOOKS)
+    lines = [f"Simulation seed {seed}, {reps:,} simulated families per row (single comparisons: {5 * reps:,}), "
+             f"alpha = {ALPHA}; ± is one Monte-Carlo standard error. Looks at {looks} paired seeds unless a row "
+             "says otherwise; seeds per comparison: the mean paired seeds a comparison ran (the fixed design runs "
+             "the last look's).", "",
+             "| what | design | simulated | promised | seeds per comparison |", "|---|---|---|---|---|"]
+    z = sequential.nominal_levels(SEQUENTIAL_LOOKS, ALPHA)
+    for name, levels in (("z levels (the Lan-DeMets boundary as nominal p)", z),
+                         ("levels fitted for the paired t", plan.levels(ALPHA))):
+        rate = single_comparison_error(rng, 5 * reps, SEQUENTIAL_LOOKS, levels)
+        lines.append(f"| one comparison, null, paired t at each look | {name} | {rate.rate:.4f} ± "
+                     f"{rate.standard_error:.4f} | ≤ {ALPHA} | — |")
+    for comparisons, rho in [(4, r) for r in SEQUENTIAL_CORRELATIONS] + [(12, 0.5)]:
+        rate, seeds = sequential_null_error(rng, reps, comparisons, plan, rho)
+        lines.append(f"| false verdict, any (group-sequential Holm, null) | m={comparisons}, rho={rho:+.2f} | "
+                     f"{rate.rate:.4f} ± {rate.standard_error:.4f} | ≤ {ALPHA} | {seeds:.2f} |")
+    for comparisons in (1, 4):
+        rate, seeds = sequential_null_error(rng, reps, comparisons, plan, 0.5, diverged=True)
+        lines.append(f"| false verdict, any, one diverged run per family | m={comparisons}, rho=+0.50 | "
+                     f"{rate.rate:.4f} ± {rate.standard_error:.4f} | ≤ {ALPHA} | {seeds:.2f} |")
+    for other in ((3, 6), (4, 8, 12), (2, 4, 6, 8, 10, 12)):
+        rate, seeds = sequential_null_error(rng, reps, 4, sequential.Plan(other, ALPHA), 0.5)
+        lines.append(f"| false verdict, any (null) | m=4, looks {', '.join(map(str, other))} | {rate.rate:.4f} ± "
+                     f"{rate.standard_error:.4f} | ≤ {ALPHA} | {seeds:.2f} |")
+    rate, seeds = sequential_null_error(rng, reps, 4, sequential.Plan(SEQUENTIAL_LOOKS, ALPHA, sequential.POCOCK), 0.5)
+    lines.append(f"| false verdict, any (null), Pocock-type spending | m=4 | {rate.rate:.4f} ± "
+                 f"{rate.standard_error:.4f} | ≤ {ALPHA} | {seeds:.2f} |")
+    rate = fixed_looks_error(rng, reps, 4, SEQUENTIAL_LOOKS, 0.5)
+    lines.append(f"| for contrast: Holm at alpha at every look, no plan (null) | m=4 | {rate.rate:.4f} ± "
+                 f"{rate.standard_error:.4f} | ≤ {ALPHA} (claimed) | — |")
+    for comparisons, rho, spending in ((1, 0.5, sequential.OBRIEN_FLEMING), (4, 0.5, sequential.OBRIEN_FLEMING),
+                                       (4, 0.9, sequential.OBRIEN_FLEMING), (12, 0.5, sequential.OBRIEN_FLEMING),
+                                       (4, 0.5, sequential.POCOCK)):
+        effect, promised, rate, futile, seeds = sequential_power(
+            rng, reps, comparisons, sequential.Plan(SEQUENTIAL_LOOKS, ALPHA, spending), rho)
+        kind = "" if spending == sequential.OBRIEN_FLEMING else ", Pocock-type"
+        lines.append(f"| power at the planned effect ({effect:.3g} σ_run), futility at it{kind} | m={comparisons}, "
+                     f"rho={rho:+.2f} | {rate.rate:.4f} ± {rate.standard_error:.4f} (futile {futile:.3f}) | "
+                     f"{promised:.2f} (fixed, {SEQUENTIAL_LOOKS[-1]} seeds) | {seeds:.2f} |")
+    futile_plan = sequential.Plan(SEQUENTIAL_LOOKS, ALPHA, effect_of_interest=stats.minimum_detectable_effect(
+        1.0, SEQUENTIAL_LOOKS[-1], ALPHA / 4))
+    rate, seeds = sequential_null_error(rng, reps, 4, futile_plan, 0.5)
+    lines.append(f"| false verdict, any (null), futility at the planned effect | m=4, rho=+0.50 | {rate.rate:.4f} ± "
+                 f"{rate.standard_error:.4f} | ≤ {ALPHA} | {seeds:.2f} |")
+    return "\n".join(lines)
 
 
 def report(seed: int = SEED, reps: int = 20_000) -> str:

@@ -121,6 +121,7 @@ def nominal_levels(looks: tuple[int, ...], alpha: float, spending: str = OBRIEN_
 REFERENCE_PATHS = 2 ** 20  # simulated null paths that fit the paired t's levels (Monte-Carlo error ~1% of alpha)
 REFERENCE_SEED = 20_260_601
 _CHUNK = 2 ** 16
+_FLIP_ROWS = 512  # rows of sign-flip tests at once (each enumerates its 2^n sign patterns)
 _FEWEST_EXITS = 50  # a look spending less than this many reference paths keeps its z-derived level
 
 
@@ -235,7 +236,8 @@ def look_tests(differences: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     flip = ~t_tested
     if flip.any():
         rows = d[flip]
-        p[flip] = compare_stats.sign_flip_p_matrix(rows)
+        p[flip] = np.concatenate([compare_stats.sign_flip_p_matrix(rows[i:i + _FLIP_ROWS])
+                                  for i in range(0, len(rows), _FLIP_ROWS)])  # 2^n patterns a row: in slices
         ranks = stats.rankdata(np.abs(np.nan_to_num(rows, nan=0.0)), axis=-1)
         direction[flip] = np.sign((np.sign(np.nan_to_num(rows, nan=0.0)) * ranks).sum(axis=-1))
     return p, direction, t_tested
