@@ -61,11 +61,16 @@ def assert_complete_run(client, run):
     assert "class_path: lit.language_model.LanguageModel" in config and "d_model: 32" in config
 
 
-def test_fit_logs_to_sqlite_by_default(workdir):
+def test_fit_logs_to_sqlite_by_default(workdir, capsys):
     main(["fit", "--config", BASELINE, *TINY_LM, *SHORT])
     assert (workdir / "mlflow.db").is_file()
     client, run = only_run("sqlite:///mlflow.db")
     assert_complete_run(client, run)
+    # Where to look, in one click: the run's page in the model-training view, and how to serve a sqlite store.
+    address = (f"http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+               "?workflowType=machine_learning")
+    assert f"{address} (serve the store first: mlflow ui --backend-store-uri sqlite:///{workdir}/mlflow.db)" \
+        in capsys.readouterr().out
     ckpts = workdir / "runs" / run.info.experiment_id / run.info.run_id / "checkpoints"
     assert (ckpts / "last.ckpt").is_file()
     # A second run in the same folder is a new run, not a config.yaml collision (Lightning #20184).
@@ -87,11 +92,14 @@ def mlflow_server(tmp_path):
     server.stop()
 
 
-def test_fit_logs_to_a_real_mlflow_server(workdir, mlflow_server):
+def test_fit_logs_to_a_real_mlflow_server(workdir, mlflow_server, capsys):
     main(["fit", "--config", BASELINE, *TINY_LM, *SHORT, f"--trainer.logger.init_args.tracking_uri={mlflow_server}"])
     assert not (workdir / "mlflow.db").exists()
     client, run = only_run(mlflow_server)
     assert_complete_run(client, run)
+    # A server serves its own UI: the address is on it, with nothing to start.
+    address = f"{mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    assert f"in MLflow: {address}?workflowType=machine_learning\n" in capsys.readouterr().out
 
 
 def steps(client, run_id: str, key: str) -> list[int]:

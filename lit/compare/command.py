@@ -20,6 +20,7 @@ from lit.compare.report import render, render_plan
 from lit.compare.runs import Sweep, connect, family_parents, find_parent, load_sweep
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.sweep import protocol
+from lit.tracking.ui import where_to_look
 from lit.tracking.uri import resolve_tracking_uri
 
 if TYPE_CHECKING:
@@ -181,8 +182,10 @@ def write_report(client, parent_id: str, out: Path, markdown: str, figures: list
     (out / REPORT_FILE).write_text(markdown)
     publish(client, parent_id, out, [REPORT_FILE, *figures])
     sys.stdout.write(markdown)
+    parent = client.get_run(parent_id)
+    look = where_to_look(client._tracking_client.tracking_uri, parent.info.experiment_id, parent_id)
     sys.stderr.write(f"wrote {out / REPORT_FILE} and {len(figures)} figures; logged to run {parent_id} "
-                     f"under {protocol.REPORT_DIR}/\n")
+                     f"under {protocol.REPORT_DIR}/, {look}\n")
     return 0
 
 

@@ -39,6 +39,7 @@ from lit.tracking.names import EXPERIMENT_KIND, MEANT_FOR, RESUME_FROM, STOPPED_
 from lit.tracking.outbox import MetricOutbox, short_error
 from lit.tracking.params import describe_changes, flatten, log_params
 from lit.tracking.reachability import fail_fast, is_remote, unreachable_message, unreachable_reason
+from lit.tracking.ui import where_to_look
 from lit.tracking.uri import DEFAULT_TRACKING_URI, absolute_sqlite, resolve_tracking_uri, sqlite_creation_lock
 
 if TYPE_CHECKING:
@@ -208,6 +209,8 @@ class MLflowLogger(MLFlowLogger):
         if left == 0:
             try:
                 self.experiment.set_terminated(self.run_id, status)
+                print(f"run {self.run_id} {where_to_look(self._tracking_uri, self.experiment_id, self.run_id)}",
+                      flush=True)
                 return
             except Exception as exc:
                 if outbox is None:
