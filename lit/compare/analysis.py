@@ -29,11 +29,6 @@ NO_COMMON_SEED = "no seed in common with the baseline"
 ALL_TUNING_DIVERGED = "diverged at every tuning value"
 T_TEST, SIGN_FLIP = "paired t", "sign-flip"
 EQUIVALENT, NOT_EQUIVALENT, DIFFERENT = "equivalent within ±{margin:g}", "not shown equivalent", "different"
-# Metric names whose direction is known (the last path segment, lower case); anything else needs --mode.
-LOWER_IS_BETTER = ("loss", "nll", "ppl", "perplexity", "bpb", "bpc", "bits", "error", "err", "mse", "mae", "rmse",
-                   "cer", "wer")
-HIGHER_IS_BETTER = ("acc", "top", "f1", "auc", "auroc", "map", "iou", "miou", "dice", "bleu", "rouge", "mcc", "r2",
-                    "precision", "recall", "psnr", "ssim")
 PROPORTIONS = ("acc", "top", "f1", "auc", "auroc", "map", "iou", "miou", "dice", "precision", "recall", "error",
                "err")  # metrics that live in [0, 1] when their values do
 COLLAPSE_FRACTION = 0.5  # a bounded seed closer to the worst value than this share of the baseline's median is
@@ -176,14 +171,7 @@ class Analysis:
         return self.alpha / max(1, self.family.size)
 
 
-def known_mode(metric: str) -> str | None:
-    """The direction a metric's name says, or None for a name this does not know."""
-    name = metric.rsplit("/", 1)[-1].lower()
-    if name.startswith(HIGHER_IS_BETTER):
-        return "max"
-    if name.startswith(LOWER_IS_BETTER):
-        return "min"
-    return None
+known_mode = protocol.known_mode  # the one rule, shared with sweep and ladders (lit/sweep/protocol.py)
 
 
 def metric_direction(spec: dict, metric: str, mode: str | None = None) -> tuple[str, str]:

@@ -202,7 +202,7 @@ def compare_scaling(args: argparse.Namespace) -> int:
         raise UserInputError(f"--calibration_ladders must be 0 (skip) or more, got {args.calibration_ladders}")
     client = connect(resolve_tracking_uri(args.tracking_uri))
     parent = find_parent(client, experiment=args.experiment, sweep_run_id=args.sweep)
-    sweep = load_ladder(client, parent, args.metric, args.baseline)
+    sweep = load_ladder(client, parent, args.metric, args.baseline, args.mode)
     analysis = analyze_scaling(sweep, args.irreducible, args.target_compute, args.confidence, args.resamples,
                                args.calibration_ladders)
     out = Path(args.out) if args.out else Path("compare") / str(sweep.protocol.get("sweep_id", parent.info.run_id))[:8]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from lit.compare.analysis import metric_direction
 from lit.compare.runs import DEFAULT_METRIC, is_diverged, read_protocol
 from lit.compare.scaling import Ladder
 from lit.errors import UserInputError
@@ -53,7 +54,7 @@ def _metric_median(client: MlflowClient, run: Run, key: str) -> float:
 
 
 def load_ladder(client: MlflowClient, parent: Run, metric: str | None = None,
-                baseline: str | None = None) -> LadderSweep:
+                baseline: str | None = None, mode: str | None = None) -> LadderSweep:
     """The ladder of ``parent``'s sweep; ``UserInputError`` when it is not a ladder or cannot be fitted."""
     spec = read_protocol(client, parent)
     ladder_spec = spec.get("ladder")
@@ -68,7 +69,7 @@ def load_ladder(client: MlflowClient, parent: Run, metric: str | None = None,
         raise UserInputError(f"sweep {sweep} reports {spec.get('metric')!r}, which goes up; --scaling fits a loss "
                              "(lower is better): pass --metric val/loss or test/loss")
     metric = metric or spec.get("report_metric") or spec.get("metric") or DEFAULT_METRIC
-    if P.metric_mode(metric) == "max":
+    if metric_direction(spec, metric, mode)[0] == "max":
         raise UserInputError(f"--metric {metric} goes up; --scaling fits a loss (lower is better), like val/loss")
     labels = [v["label"] for v in spec.get("variants", [])]
     base = baseline or spec.get("baseline") or labels[0]

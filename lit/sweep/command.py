@@ -53,8 +53,6 @@ metrics. Rerunning the command resumes; --add_seeds N extends a sweep. Then: pyt
 
 FAR_SEED = 2**31 - 1  # the default tuning seed when the evaluation seeds start at 0
 TEST_METRICS = ("loss", "bpb", "acc1")  # what the models log in test (test/<name>)
-KNOWN_MODES = {"loss": "min", "ppl": "min", "perplexity": "min", "bpb": "min", "nll": "min",
-               "acc": "max", "acc1": "max", "acc5": "max", "accuracy": "max", "top1": "max", "top5": "max"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -127,7 +125,7 @@ def resolve_mode(metric: str, mode: str | None) -> str:
     """The direction of ``metric``: as given, or known from its name; an unknown name must be told."""
     if mode is not None:
         return mode
-    known = KNOWN_MODES.get(metric.rsplit("/", 1)[-1].lower())
+    known = P.known_mode(metric)
     if known is None:
         raise UserInputError(f"--metric {metric} is not a metric known by name; say whether lower or higher is "
                              "better with --mode min or --mode max")

@@ -103,7 +103,23 @@ def is_true(tag: str | None) -> bool:
     return tag in (TRUE, "True", "1")
 
 
-def metric_mode(metric: str) -> str:
-    """Whether lower ("min") or higher ("max") is better: losses, perplexities and bits go down."""
+# The one rule for a metric's direction, shared by sweep, compare and ladders: the last path segment, lower case,
+# read as an exact name first, then by a lower-is-better suffix; anything else must be told (--mode). Prefixes
+# are never read: "val/dice_loss" starts like a higher-is-better "dice" and is a loss.
+LOWER_IS_BETTER = ("loss", "nll", "ppl", "perplexity", "bpb", "bpc", "bits", "error", "err", "mse", "mae", "rmse",
+                   "cer", "wer", "mape")
+HIGHER_IS_BETTER = ("acc", "acc1", "acc5", "accuracy", "top1", "top5", "f1", "auc", "auroc", "map", "iou", "miou",
+                    "dice", "bleu", "rouge", "mcc", "r2", "precision", "recall", "psnr", "ssim")
+LOWER_IS_BETTER_SUFFIXES = ("_loss", "_err", "_error")
+
+
+def known_mode(metric: str) -> str | None:
+    """``"min"`` or ``"max"`` as the metric's name says, or None for a name this rule does not know."""
     name = metric.rsplit("/", 1)[-1].lower()
-    return "max" if name.startswith(("acc", "top")) or name in ("f1", "auc", "auroc", "map") else "min"
+    if name in LOWER_IS_BETTER:
+        return "min"
+    if name in HIGHER_IS_BETTER:
+        return "max"
+    if name.endswith(LOWER_IS_BETTER_SUFFIXES):
+        return "min"
+    return None
