@@ -197,17 +197,19 @@ def sequential_null_error(rng: np.random.Generator, reps: int, comparisons: int,
 
 
 def sequential_power(rng: np.random.Generator, reps: int, comparisons: int, plan: sequential.Plan,
-                     rho: float) -> tuple[float, float, Rate, float, float]:
+                     rho: float, futility: bool = True) -> tuple[float, float, Rate, float, float]:
     """(effect, promised power, rate, futile share, mean seeds it ran): one variant shifted by the effect a fixed
     design at the last look's seeds finds with 80% power at alpha / m (``--plan``'s promise for that many seeds),
-    the others null, the futility rule set at that effect; the rate at which the looks decide it in the right
-    direction. Spending over looks and stopping for futility cost a little of the promise."""
+    the others null, the futility rule set at that effect (unless ``futility`` is False); the rate at which the
+    looks decide it in the right direction. Spending over looks and stopping for futility cost a little of the
+    promise."""
     sd = math.sqrt(2 - 2 * rho)
     effect = stats.minimum_detectable_effect(sd, plan.looks[-1], plan.alpha / comparisons)
     promised = stats.power(effect, sd, plan.looks[-1], plan.alpha / comparisons)
     effects = np.zeros(comparisons)
     effects[0] = effect
-    planned = sequential.Plan(plan.looks, plan.alpha, plan.spending, effect, plan.futility_power)
+    planned = sequential.Plan(plan.looks, plan.alpha, plan.spending, effect if futility else None,
+                              plan.futility_power)
     decisions, found = sequential_family(rng, reps, comparisons, planned, rho, effects)
     rejected = decisions.state[:, 0] == sequential.REJECTED
     crossing = np.maximum(decisions.crossing[:, 0] - 1, 0)
@@ -273,13 +275,14 @@ def sequential_report(seed: int = SEED, reps: int = 20_000) -> str:
     rate = fixed_looks_error(rng, reps, 4, SEQUENTIAL_LOOKS, 0.5)
     lines.append(f"| for contrast: Holm at alpha at every look, no plan (null) | m=4 | {rate.rate:.4f} ± "
                  f"{rate.standard_error:.4f} | ≤ {ALPHA} (claimed) | — |")
-    for comparisons, rho, spending in ((1, 0.5, sequential.OBRIEN_FLEMING), (4, 0.5, sequential.OBRIEN_FLEMING),
-                                       (4, 0.9, sequential.OBRIEN_FLEMING), (12, 0.5, sequential.OBRIEN_FLEMING),
-                                       (4, 0.5, sequential.POCOCK)):
+    obf, pocock = sequential.OBRIEN_FLEMING, sequential.POCOCK
+    for comparisons, rho, spending, futility in ((1, 0.5, obf, True), (4, 0.5, obf, True), (4, 0.9, obf, True),
+                                                 (12, 0.5, obf, True), (4, 0.5, obf, False), (4, 0.5, pocock, True),
+                                                 (4, 0.5, pocock, False)):
         effect, promised, rate, futile, seeds = sequential_power(
-            rng, reps, comparisons, sequential.Plan(SEQUENTIAL_LOOKS, ALPHA, spending), rho)
-        kind = "" if spending == sequential.OBRIEN_FLEMING else ", Pocock-type"
-        lines.append(f"| power at the planned effect ({effect:.3g} σ_run), futility at it{kind} | m={comparisons}, "
+            rng, reps, comparisons, sequential.Plan(SEQUENTIAL_LOOKS, ALPHA, spending), rho, futility)
+        kind = ("" if spending == obf else ", Pocock-type") + (", futility at it" if futility else ", no futility")
+        lines.append(f"| power at the planned effect ({effect:.3g} σ_run){kind} | m={comparisons}, "
                      f"rho={rho:+.2f} | {rate.rate:.4f} ± {rate.standard_error:.4f} (futile {futile:.3f}) | "
                      f"{promised:.2f} (fixed, {SEQUENTIAL_LOOKS[-1]} seeds) | {seeds:.2f} |")
     futile_plan = sequential.Plan(SEQUENTIAL_LOOKS, ALPHA, effect_of_interest=stats.minimum_detectable_effect(
@@ -340,8 +343,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lit.compare.calibration", description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--reps", type=int, default=20_000)
+    parser.add_argument("--sequential", action="store_true",
+                        help="the sequential design's figures (docs/sequential.md) instead of the fixed design's")
     args = parser.parse_args(argv)
-    print(report(args.seed, args.reps))
+    print(sequential_report(args.seed, args.reps) if args.sequential else report(args.seed, args.reps))
 
 
 if __name__ == "__main__":
