@@ -113,8 +113,8 @@ class LookState:
     def describe(self) -> str:
         if self.finished:
             return "; the sequential plan is settled, nothing left to run"
-        who = (f"{len(self.open)} open comparisons and the baseline" if self.look > 1
-               else "every variant")
+        who = (f"{len(self.open)} open comparison{'s' if len(self.open) > 1 else ''} and the baseline"
+               if self.look > 1 else "every variant")
         return f"; look {self.look} of {self.of}: {self.seeds} paired seeds for {who}"
 
 
@@ -137,7 +137,7 @@ def advance(client, experiment_id: str, parent, proto: dict, children: list[Chil
             return LookState(min(look, plan.count), plan.count, plan.looks[min(look, plan.count) - 1], [],
                              still_open, True, tuple(recorded))
         n = plan.looks[look - 1]
-        wanted = look_children(children, [int(s) for s in seeds[:n]], set(still_open) | {baseline})
+        wanted = look_children(children, [int(s) for s in seeds[:n]], set(still_open) | {baseline}, look == 1)
         state = LookState(look, plan.count, n, wanted, still_open, False, tuple(recorded))
         if parent is None:
             return state
@@ -155,9 +155,11 @@ def advance(client, experiment_id: str, parent, proto: dict, children: list[Chil
         recorded.append(describe_look(record, plan.effect_of_interest, plan.futility_power))
 
 
-def look_children(children: list[Child], seeds: list[int], labels: set[str]) -> list[Child]:
-    """The runs a look needs: the tuning runs and the look's seeds of ``labels`` (the open ones and the baseline)."""
-    return [c for c in children if c.variant in labels and (c.phase != P.SEED_PHASE or c.seed in seeds)]
+def look_children(children: list[Child], seeds: list[int], labels: set[str], tuning: bool) -> list[Child]:
+    """The runs a look needs: the look's seeds of ``labels`` (the open ones and the baseline), and at the first
+    look the tuning runs (a later look's seeds read the values tuning picked from the store)."""
+    return [c for c in children if c.variant in labels
+            and (c.seed in seeds if c.phase == P.SEED_PHASE else tuning)]
 
 
 def counted_runs(client, experiment_id: str, sweep: str) -> tuple[dict, set[str]]:

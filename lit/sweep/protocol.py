@@ -44,8 +44,9 @@ first step whose loss was non-finite; the metrics up to the last finite step are
 MLflow status FAILED and ``OUTCOME = "diverged"``; any other FAILED run is a crash.
 
 Written by the sweep beside those: ``"seed_base"`` (the first seed; ``--add_seeds`` appends seeds after the
-last one and rewrites ``protocol.json``), ``"tune"."description"`` (the rule in words). A tuned variant whose
-tuning runs are all ``OUTCOME = "diverged"`` is diverged at every value: its seed runs are never created.
+last one, rewrites ``protocol.json`` and records the extension in ``extensions/extension_<j>.json``, below),
+``"tune"."description"`` (the rule in words). A tuned variant whose tuning runs are all
+``OUTCOME = "diverged"`` is diverged at every value: its seed runs are never created.
 A child is done (never rerun) when it is FINISHED with ``OUTCOME = "finished"`` or FAILED with
 ``OUTCOME = "diverged"``; a FINISHED run without ``OUTCOME`` was stopped before its test and is marked
 KILLED when the sweep resumes. Owner and heartbeat tags: ``lit/sweep/ownership.py``.
@@ -57,6 +58,21 @@ baseline's at that rung), and on every child run the tags ``RUNG`` (the rung's i
 ``RUNG_SIZE`` (its keys as written), ``RUNG_TOKENS`` and ``RUNG_COMPUTE`` (the baseline's planned FLOPs; a run's
 own FLOPs are its last ``train/flops``). Learning-rate check runs have ``PHASE = "lr_check"`` and
 ``LR_CHECK_VALUE``; they are never final.
+
+Sequential sweeps (``--looks``) add the protocol field ``"sequential"`` (part of what identifies the sweep; absent,
+not null, in a fixed sweep): ``{"looks": [n_1, ..., n_K], "alpha", "spending": "obrien_fleming"|"pocock",
+"effect_of_interest": float | null, "futility_power", "multiplicity", "test", "futility"}`` (the last three the
+rules in words; ``lit/compare/sequential.py``, ``Plan``); ``"seeds"`` then lists the maximum, n_K seeds. The
+sweep's course is a history under the parent run that is never rewritten (``lit/sweep/history.py``):
+    ``looks/look_<k>.json``        one per look performed: ``{"look", "of", "seeds", "information_fraction", "alpha",
+                                   "spending", "alpha_spent", "family_size", "first_step": {"share", "boundary_p",
+                                   "critical_t"}, "comparisons": [{"label", "state": "open"|"rejected"|"futile"|
+                                   "retained", "look", "pairs", "test", "p_values", "direction", "share",
+                                   "boundary_look", "boundary_p", "critical_t", "conditional_power"}], "untestable",
+                                   "open", "next_seeds", "recorded_at"}``
+    ``extensions/extension_<j>.json``  one per ``--add_seeds`` outside a sequential plan: ``{"index", "from_seeds",
+                                   "to_seeds", "meaning", "recorded_at"}``
+A look's child runs are ordinary seed runs; a comparison settled at look k has runs of the first n_k seeds only.
 """
 
 from __future__ import annotations
