@@ -375,9 +375,10 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
             _warn_interim_look(client, parent_id, proto["sweep_id"], len(stored_seeds), len(proto["seeds"]))
     manifest["parent_run_id"] = parent_id
     scripts = look.folder(out) if look is not None else out  # each look has its own manifest and job arrays
-    scripts.mkdir(parents=True, exist_ok=True)
     manifest_path = scripts / "manifest.json"
-    manifest_path.write_text(json.dumps(manifest, indent=1))
+    if look is None or not look.finished:  # a settled sequential sweep has no runs left to describe
+        scripts.mkdir(parents=True, exist_ok=True)
+        manifest_path.write_text(json.dumps(manifest, indent=1))
     n_variants, n_tune = len(proto["variants"]), sum(c.phase == "tune" for c in children)
     what = "new" if parent is None else (f"extended from {len(stored_seeds)} seeds" if extended else "resumed")
     print(f"sweep {proto['sweep_id']} ({what}): {n_variants} variants x {len(proto['seeds'])} seeds"
