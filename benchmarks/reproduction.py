@@ -280,10 +280,12 @@ def speedup_cell(claim: Claim, analysis: Analysis | None) -> str:
         (t for t in getattr(analysis, "targets", []) if t.label == claim.variant), None)
     if target is None:
         return ""
-    if target.geometric_mean is None:
+    m = target.summary
+    if m is None:
         return f"not reached ({target.reached} of {target.seeds})"
-    interval = "" if target.interval is None else f" [{target.interval[0]:.2f}, {target.interval[1]:.2f}]"
-    return f"{target.geometric_mean:.2f}x{interval} ({target.reached} of {target.seeds})"
+    interval = "" if target.interval is None else (f" [{'≤' if m.low_bounded else ''}{target.interval[0]:.2f}, "
+                                                   f"{target.interval[1]:.2f}] ({m.level:.1%})")
+    return f"{'≤' if m.median_bounded else ''}{m.median:.2f}x{interval} ({target.reached} of {target.seeds} reached)"
 
 
 TITLE = """# Reproduction claims
@@ -292,14 +294,16 @@ One row per claim, from `cli.py compare`'s analysis of its suite: Holm and the e
 suite's declared family (text, digits), never across suites; the interval is in step with Holm; the MDE is the
 smallest paired difference the row's seeds detect with 80% power at the family's alpha/m, from the 80% upper
 confidence limit of the row's paired sd (df n - 1; the observed sd would be too small half the time); the speedup
-is compare's steps to the reference's final value per seed (a claim about convergence speed is read there). Written by
+is compare's steps to the reference's final value per seed, the median over all seeds with a seed that never reached
+it counted at its bound (≤), and the order-statistic interval with its coverage (a claim about convergence speed is
+read there; steps, not wall-clock time). Written by
 `python -m benchmarks.reproduction --report-only`; how to read it: [the reproduction page](../reproduction.md).
 
 """
 HEADER = ("| method | paper's claim | reference here | metric | pairs | per-seed difference (variant - reference) | "
           "mean difference [interval in step with Holm] | raw p (test); exact sign-flip p | p (Holm, suite family) "
           "| equivalence p (Holm over the parity claims) | MDE (80% power) | verdict | speedup to the reference's final"
-          " value [95% CI] (seeds that reached it) |")
+          " value in steps: median [interval (coverage)] |")
 
 
 def claims_table(analyses: dict[tuple[str, str | None], Analysis]) -> tuple[str, dict[str, int]]:

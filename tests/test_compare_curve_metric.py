@@ -42,7 +42,7 @@ def test_a_metric_read_once_takes_its_curves_and_steps_to_target_from_the_tuning
     assert b.values == pytest.approx({str(s): 1.9 + (s - 1337) * 0.013 for s in SEEDS})  # the test values decide
     target = next(t for t in analysis.targets if t.label == "b")
     assert target.ratios == pytest.approx({str(s): 1.5 for s in SEEDS})
-    assert target.geometric_mean == pytest.approx(1.5)
+    assert target.median == pytest.approx(1.5)
     markdown = render(analysis, draw_all(analysis, tmp_path))
     assert "## Steps to the baseline's final val/loss" in markdown
     assert "`test/loss` is read once per run, at the end, so it has no curve" in markdown
@@ -52,7 +52,7 @@ def test_a_metric_logged_along_training_is_its_own_curve():
     analysis = analyze(sweep(test_along_training=True), "test/loss", None, 0.95)
     assert analysis.curve_of == "test/loss"
     target = next(t for t in analysis.targets if t.label == "b")
-    assert target.geometric_mean == pytest.approx(1.5)
+    assert target.median == pytest.approx(1.5)
 
 
 def test_the_whole_run_panel_is_cut_at_the_worst_start_and_names_what_went_beyond():

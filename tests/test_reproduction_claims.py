@@ -184,10 +184,17 @@ def test_compute_sums_the_child_runs_that_ended_by_phase():
 
 def test_speedup_cell_reads_compares_steps_to_target_for_claims_on_the_suite_metric():
     ngpt, osp = claim("nGPT (ViT)"), claim("OSP (single-scale RMSNorm + embedding projection)")
-    reached = SimpleNamespace(label=ngpt.variant, geometric_mean=2.5712, interval=(2.18, 3.031), reached=10, seeds=10)
+    from lit.compare.stats import CensoredMedian
+
+    summary = CensoredMedian(2.5712, False, (2.18, 3.031), False, 0.9784, 0.002, 6)
+    reached = SimpleNamespace(label=ngpt.variant, summary=summary, interval=(2.18, 3.031), reached=10, seeds=10)
     analysis = SimpleNamespace(targets=[reached])
-    assert repro.speedup_cell(ngpt, analysis) == "2.57x [2.18, 3.03] (10 of 10)"
-    never = SimpleNamespace(label=ngpt.variant, geometric_mean=None, interval=None, reached=0, seeds=10)
+    assert repro.speedup_cell(ngpt, analysis) == "2.57x [2.18, 3.03] (97.8%) (10 of 10 reached)"
+    # Seeds that never reached count at their bound: the median and the interval's lower end are bounds then.
+    some = SimpleNamespace(label=ngpt.variant, summary=CensoredMedian(0.98, True, (0.7, 1.3), True, 0.969, 1.0, 6),
+                           interval=(0.7, 1.3), reached=3, seeds=6)
+    assert repro.speedup_cell(ngpt, SimpleNamespace(targets=[some])) == "≤0.98x [≤0.70, 1.30] (96.9%) (3 of 6 reached)"
+    never = SimpleNamespace(label=ngpt.variant, summary=None, interval=None, reached=0, seeds=10)
     assert repro.speedup_cell(ngpt, SimpleNamespace(targets=[never])) == "not reached (0 of 10)"
     assert repro.speedup_cell(osp, analysis) == ""  # a claim on another metric (kurtosis): no steps to target
     assert repro.speedup_cell(ngpt, None) == ""

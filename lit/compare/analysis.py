@@ -95,19 +95,30 @@ class Comparison:
 @dataclass(frozen=True)
 class Speedup:
     """Steps-to-target per seed: how much sooner the variant reaches each baseline seed's final value than that
-    baseline seed did (the baseline is 1.00 by construction)."""
+    baseline seed did (the baseline is 1.00 by construction). A seed whose variant never reached the target is
+    right-censored in steps, so its speedup is known only as an upper bound (``bounds``): it counts, as the
+    evidence of "slower" it is, in the median, its interval and the sign test (``stats.censored_median``)."""
 
     label: str
     seeds: int  # paired seeds considered
     steps: dict[str, float | None]  # seed -> the variant's first step at the target (None: not reached)
     ratios: dict[str, float]  # seed -> baseline seed's step / the variant's step (where both are > 0)
-    geometric_mean: float | None
-    interval: tuple[float, float] | None  # t interval of the mean log ratio, mapped back
-    tokens: float | None  # median step x items per step, when the runs logged their batch size
+    bounds: dict[str, float] = field(default_factory=dict)  # seed not reached -> baseline step / variant's last step
+    summary: stats.CensoredMedian | None = None  # median, its distribution-free interval, the sign test
+    tokens: float | None = None  # median step x items per step, a not-reached seed at its last step
+    tokens_bounded: bool = False  # the median step falls on a seed that never reached: at least this many
 
     @property
     def reached(self) -> int:
         return sum(step is not None for step in self.steps.values())
+
+    @property
+    def median(self) -> float | None:
+        return None if self.summary is None else self.summary.median
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        return None if self.summary is None else self.summary.interval
 
 
 @dataclass(frozen=True)
@@ -488,30 +499,36 @@ def untestable(analysis: Analysis) -> list[str]:
 
 def steps_to_target(variant: VariantResult, base: VariantResult, mode: str, confidence: float) -> Speedup:
     """Per seed both finished, on the curve metric: the target is the baseline seed's own final value of it (its
-    last logged point); each run's "reached" step is the
-    first crossing of its raw curve, interpolated between logged points (``stats.step_reaching``; no
-    best-so-far smoothing); the ratio is the baseline seed's step / the variant's. The baseline against
-    itself is 1.00 at every seed by construction. Ratios summarise as a geometric mean with a t interval of the
-    mean log ratio, over the seeds where both steps are > 0."""
+    last logged point); each run's "reached" step is the first crossing of its raw curve, interpolated between
+    logged points (``stats.step_reaching``; no best-so-far smoothing); the ratio is the baseline seed's step /
+    the variant's. The baseline against itself is 1.00 at every seed by construction. A variant seed that never
+    reached the target is censored at its last logged step: its ratio is at most the baseline step / that step.
+    The summary is the median over all seeds with a distribution-free interval and a sign test
+    (``stats.censored_median``); a mean over the reached seeds alone would keep only the seeds that did well."""
     seeds = sorted(set(variant.seed_curves) & set(base.seed_curves), key=stats.seed_order)
-    steps, ratios = {}, {}
+    steps, ratios, bounds, step_or_last = {}, {}, {}, []
     for seed in seeds:
         base_curve, curve = base.seed_curves[seed], variant.seed_curves[seed]
         target = float(base_curve["value"].iloc[-1])
         base_step = stats.step_reaching(list(base_curve["step"]), list(base_curve["value"]), target, mode)
         step = stats.step_reaching(list(curve["step"]), list(curve["value"]), target, mode)
         steps[seed] = step
-        if step is not None and step > 0 and base_step is not None and base_step > 0:
+        last = float(curve["step"].iloc[-1]) if len(curve) else None
+        step_or_last.append((step, False) if step is not None else (last, True))
+        if base_step is None or not base_step > 0:
+            continue
+        if step is not None and step > 0:
             ratios[seed] = base_step / step
-    geometric, interval = None, None
-    if ratios:
-        logs = stats.summarize(np.log(list(ratios.values())), confidence)
-        geometric = math.exp(logs.mean)
-        interval = (math.exp(logs.interval[0]), math.exp(logs.interval[1])) if logs.interval else None
-    reached = [s for s in steps.values() if s is not None]
-    tokens = (float(np.median(reached)) * variant.items_per_step
-              if reached and variant.items_per_step is not None else None)
-    return Speedup(variant.label, len(seeds), steps, ratios, geometric, interval, tokens)
+        elif step is None and last:
+            bounds[seed] = base_step / last
+    summary = stats.censored_median(list(ratios.values()), list(bounds.values()), confidence)
+    tokens, bounded = None, False
+    known = sorted((s, c) for s, c in step_or_last if s is not None)
+    if known and variant.items_per_step is not None:
+        tokens = float(np.median([s for s, _ in known])) * variant.items_per_step
+        # A not-reached step is a lower bound: one at or below the median's position could lie above it.
+        bounded = any(c for _, c in known[:len(known) // 2 + 1])
+    return Speedup(variant.label, len(seeds), steps, ratios, bounds, summary, tokens, bounded)
 
 
 def sublayer_order(name: str) -> tuple[int, int, int]:

@@ -355,21 +355,30 @@ def _targets(a: Analysis) -> str:
              "Per seed: the target is the baseline seed's own final value; a run *reaches* it where its raw curve of "
              "the metric first gets to a value at or better than the target, linearly interpolated between the two "
              "logged points around that first crossing (no best-so-far smoothing: the first crossing counts). "
-             "Speedup = the baseline seed's step / the variant's step at that seed, so the "
-             f"baseline is 1.00 by construction; the geometric mean over seeds with a {a.confidence:.0%} t interval "
-             "of the mean log speedup, over the seeds where both reached it (a seed not reached is listed, not "
-             "counted, so with one the interval is optimistic)."
-             + (f" {unit.capitalize()} = the median step reached × `train/items_per_step`." if tokens else ""))
-    header = ["variant", "reached", "per-seed speedup", "speedup", f"{a.confidence:.0%} CI"]
+             "Speedup = the baseline seed's step / the variant's step at that seed, so the baseline is 1.00 by "
+             "construction. A seed that never reached the target is censored: its speedup is at most the baseline "
+             "step / its last step (printed ≤), and it counts as such: the median over all seeds, with the "
+             "order-statistic interval for a median (distribution-free, at the report's level or above; its coverage "
+             "is printed; too few seeds to reach the level give none), and a sign test of faster against slower "
+             "(a censored seed is slower). "
+             "Steps, not wall-clock time: divide by the relative throughput below for time."
+             + (f" {unit.capitalize()} = the median step (a not-reached seed at its last step: ≥ when that decides "
+                "it) × `train/items_per_step`." if tokens else ""))
+    header = ["variant", "reached", "per-seed speedup", "median speedup", "interval (coverage)", "sign test p"]
     header += [unit] if tokens else []
     rows = []
     for t in a.targets:
         per_seed = "; ".join(f"{seed}: " + (_ratio(t.ratios[seed]) if seed in t.ratios else
+                                            f"≤{_ratio(t.bounds[seed])} (not reached)" if seed in t.bounds else
                                             "not reached" if step is None else "at first point")
                              for seed, step in t.steps.items()) or DASH
-        interval = DASH if t.interval is None else f"[{t.interval[0]:.2f}, {t.interval[1]:.2f}]"
-        row = [t.label, f"{t.reached} of {t.seeds}", per_seed, _ratio(t.geometric_mean), interval]
-        rows.append(row + ([_count(t.tokens)] if tokens else []))
+        m = t.summary
+        median = DASH if m is None else ("≤" if m.median_bounded else "") + _ratio(m.median)
+        interval = (DASH if m is None else f"needs ≥{m.seeds_for_interval} seeds" if t.interval is None else
+                    f"[{'≤' if m.low_bounded else ''}{t.interval[0]:.2f}, {t.interval[1]:.2f}] ({m.level:.1%})")
+        row = [t.label, f"{t.reached} of {t.seeds}", per_seed, median, interval, _p(None if m is None else m.p_sign)]
+        tokens_cell = DASH if t.tokens is None else ("≥" if t.tokens_bounded else "") + _count(t.tokens)
+        rows.append(row + ([tokens_cell] if tokens else []))
     return intro + "\n\n" + _table(header, rows)
 
 

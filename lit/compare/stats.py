@@ -400,6 +400,54 @@ def step_reaching(steps: Sequence[float], values: Sequence[float], target: float
     return None
 
 
+@dataclass(frozen=True)
+class CensoredMedian:
+    """The median of per-seed values some of which are known only as upper bounds (right-censored steps make
+    left-censored speedups), with a distribution-free interval for it. ``*_bounded``: the number is an upper
+    bound only, because a censored value could lie below it."""
+
+    median: float
+    median_bounded: bool
+    interval: tuple[float, float] | None  # None when n seeds cannot reach the level asked
+    low_bounded: bool
+    level: float  # the interval's coverage: at least the level asked (the most n allows when it is None)
+    p_sign: float | None  # two-sided sign test of "above 1" against "below 1"; None when no seed is decided
+    seeds_for_interval: int  # the fewest seeds whose order-statistic interval reaches the level asked
+
+
+def censored_median(values: Sequence[float], bounds: Sequence[float], confidence: float) -> CensoredMedian | None:
+    """Exact ``values`` and censored ones known only to be <= their ``bounds``, summarised without dropping the
+    censored ones (dropping them keeps only the seeds that did well: the bias the statistics review measured).
+
+    The interval is the order-statistic interval for a median, [x_(k), x_(n-k+1)], with binomial coverage
+    1 - 2 P(Bin(n, 1/2) <= k - 1): the largest k that reaches ``confidence``; with too few seeds to reach it even
+    at k = 1 (75% at 3 seeds; 95% needs 6) there is none, rather than a narrower one read as if it were 95%.
+    Censored values sit at their bounds; since a true value can only be
+    lower, the upper end stays valid, and the lower end (and the median) is exact only when no censored value
+    sits at or above its position, else it is printed as an upper bound. The sign test counts a seed above 1
+    (faster) against one below 1 or censored at a bound <= 1 (slower); a censored bound above 1 decides nothing."""
+    points = sorted([(float(v), False) for v in values] + [(float(b), True) for b in bounds])
+    n = len(points)
+    if n == 0:
+        return None
+    k = 1
+    while k + 1 <= (n + 1) // 2 and 1 - 2 * stats.binom.cdf(k, n, 0.5) >= confidence:
+        k += 1
+    level = float(1 - 2 * stats.binom.cdf(k - 1, n, 0.5)) if n > 1 else 0.0
+    censored_at_or_above = [any(c for _, c in points[i:]) for i in range(n)]
+    middle = (n - 1) // 2  # the lower middle: the median is exact when nothing censored sits at or above it
+    median = float(np.median([v for v, _ in points]))
+    faster = sum(v > 1 for v, c in points if not c)
+    slower = sum(v < 1 for v, c in points if not c) + sum(v <= 1 for v, c in points if c)
+    p_sign = float(stats.binomtest(faster, faster + slower, 0.5).pvalue) if faster + slower else None
+    interval = (points[k - 1][0], points[n - k][0]) if level >= confidence else None
+    enough = 2
+    while 1 - 2 * 0.5 ** enough < confidence:
+        enough += 1
+    return CensoredMedian(median, censored_at_or_above[middle], interval, censored_at_or_above[k - 1], level,
+                          p_sign, enough)
+
+
 def last_values(points: pd.DataFrame) -> pd.DataFrame:
     """One value per (run_id, step): the latest logged, since a resumed run may log a step again."""
     return points.sort_values(["run_id", "step", "timestamp"], kind="stable").drop_duplicates(
