@@ -774,5 +774,25 @@ def test_a_tuned_value_at_the_edge_of_the_grid_is_flagged():
     grid = SimpleNamespace(protocol={"tune": {"values": ["1e-3", "3e-3", "1e-2"]}})
     # Tags may carry the value rewritten (0.01 for 1e-2): compared as numbers.
     assert _at_grid_edge(grid, "0.01") and _at_grid_edge(grid, "1e-3") and not _at_grid_edge(grid, "0.003")
-    assert not _at_grid_edge(SimpleNamespace(protocol={"tune": {"values": ["1e-3", "1e-2"]}}), "0.01")  # no inside
+    # A 2-value grid has no inside: every pick is at an edge, and the report says the grid cannot bracket one.
+    assert _at_grid_edge(SimpleNamespace(protocol={"tune": {"values": ["1e-3", "1e-2"]}}), "0.01")
     assert not _at_grid_edge(SimpleNamespace(protocol={"tune": None}), None)
+
+
+def test_a_two_value_grid_is_said_to_bracket_nothing(loss_report):
+    markdown, _ = loss_report  # the fixture tunes over 2 values: every pick is at an edge
+    assert "**A 2-value tuning grid cannot bracket an optimum:**" in markdown
+    assert "**At the edge of the tuning grid:**" not in markdown  # one note, the one that says why
+
+
+def test_each_row_prints_the_sign_flip_floor_at_its_n_and_family(loss_report):
+    from lit.compare import stats
+
+    assert stats.sign_flip_decides_from(24, 0.05) == 10 and stats.sign_flip_decides_from(4, 0.05) == 8
+    assert stats.sign_flip_decides_from(1, 0.05) == 6 and stats.sign_flip_floor(6) == pytest.approx(0.03125)
+    markdown, _ = loss_report
+    rows = table(markdown, "## Against the baseline")
+    m = len(rows)  # one family of this sweep's tested comparisons, 3 pairs each
+    need = stats.sign_flip_decides_from(m, 0.05)
+    for row in rows.values():
+        assert row["sign-flip floor (Holm)"] == f"{min(1.0, m * 2 / 2**3):.2g} (decides from n = {need})"

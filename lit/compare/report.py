@@ -228,7 +228,10 @@ def _variants(a: Analysis, d: int) -> str:
     if any(v.diverged for v in a.variants):
         notes.append("A *diverged* seed's loss went non-finite (step shown); it has no final value, so it is left "
                      "out of the mean and the t-test, and enters the sign-flip test as the worst outcome.")
-    if at_edge:
+    if at_edge and _grid_size(a) == 2:
+        notes.append("**A 2-value tuning grid cannot bracket an optimum:** every pick sits at an edge, so each "
+                     "variant's result is a bound, not its optimum. Tune over 3 or more values to settle it.")
+    elif at_edge:
         notes.append(f"**At the edge of the tuning grid:** {', '.join(at_edge)} picked the smallest or largest value "
                      "tried; its best value may lie outside the grid, so its result is a bound, not its optimum. "
                      "Widen the grid on that side and rerun the sweep to settle it.")
@@ -261,7 +264,11 @@ def _at_grid_edge(a: Analysis, tuned: str | None) -> bool:
         value = float(tuned) if tuned is not None else None
     except (TypeError, ValueError):  # a non-numeric grid (or several values) has no edge to speak of
         return False
-    return value is not None and len(grid) > 2 and value in (grid[0], grid[-1])
+    return value is not None and len(grid) >= 2 and value in (grid[0], grid[-1])
+
+
+def _grid_size(a: Analysis) -> int:
+    return len((a.protocol.get("tune") or {}).get("values") or [])
 
 
 def _against_baseline(a: Analysis, d: int) -> str:
@@ -274,7 +281,8 @@ def _against_baseline(a: Analysis, d: int) -> str:
     method = (
         f"Per-seed differences (variant − baseline), runs paired by their seed. Two tests: the paired t-test (a "
         "one-sample t on the differences, as `scipy.stats.ttest_rel`) and an exact sign-flip test on the signed "
-        "ranks (every one of the 2^n sign patterns; no normality needed; its smallest possible p is 2/2^n). A "
+        "ranks (every one of the 2^n sign patterns; no normality needed; its smallest possible p is 2/2^n, which "
+        "times m is the *sign-flip floor (Holm)* column: below the n it names, the exact test cannot decide). A "
         "verdict rests on the t-test when every paired seed finished on both sides and the differences spread, "
         "else on the sign-flip test (column *test*): a diverged seed enters it as the worst outcome, and equal "
         "differences, for which t is undefined, get its exact p. "
@@ -294,7 +302,7 @@ def _against_baseline(a: Analysis, d: int) -> str:
                    " (p (TOST), Holm over the family's parity claims); verdicts: equivalent within ±margin, "
                    "different (the difference test), or not shown equivalent.")
     header = ["variant", "paired seeds", "per-seed difference", "mean difference", "CI (Holm)", "p (paired t)",
-              "p (sign-flip)", "test", "p (Holm)", "q (BH)", "corr.", "MDE (80%)"]
+              "p (sign-flip)", "sign-flip floor (Holm)", "test", "p (Holm)", "q (BH)", "corr.", "MDE (80%)"]
     header += ["p (TOST)"] if parity else []
     header += ["verdict"]
     rows = []
@@ -304,11 +312,19 @@ def _against_baseline(a: Analysis, d: int) -> str:
         row = [c.label, pairs, _differences(c, d, a.mode), DASH if s is None else f"{s.mean:+.{d}f}",
                _holm_interval(c, d),
                "undefined (zero spread)" if c.paired.zero_spread else _p(c.paired.p_value), _p(c.p_sign_flip),
-               c.test or DASH, _p(c.p_adjusted), _p(c.q_value),
+               _sign_flip_floor(len(c.outcomes), m, a.alpha), c.test or DASH, _p(c.p_adjusted), _p(c.q_value),
                DASH if c.correlation is None else f"{c.correlation:+.2f}", _number(c.mde, d)]
         row += [_p(c.equivalence.p_value) if c.equivalence else DASH] if parity else []
         rows.append(row + [c.verdict])
     return "\n\n".join([title, method, _table(header, rows), _detectable(a, d)])
+
+
+def _sign_flip_floor(n: int, m: int, alpha: float) -> str:
+    """The smallest Holm-adjusted p the exact test can reach with n pairs in a family of m, and the n from which
+    it could decide at all: below it, a comparison with a diverged seed cannot be decided, whatever it shows."""
+    if n < 1:
+        return DASH
+    return f"{_p(min(1.0, m * stats.sign_flip_floor(n)))} (decides from n = {stats.sign_flip_decides_from(m, alpha)})"
 
 
 def _differences(c: Comparison, d: int, mode: str) -> str:

@@ -179,6 +179,20 @@ def sign_flip_p_matrix(differences: np.ndarray) -> np.ndarray:
     return (at_least + extra) / (patterns.shape[0] + extra)
 
 
+def sign_flip_floor(n: int) -> float:
+    """The smallest two-sided p the exact sign-flip test can give with n pairs: every sign the same, 2 / 2^n."""
+    return 2.0 / 2.0**n
+
+
+def sign_flip_decides_from(m: int, alpha: float) -> int:
+    """The fewest pairs with which the exact sign-flip test can reject at all under Holm over m comparisons:
+    its floor must fall below Holm's strictest level, 2 / 2^n < alpha / m (10 pairs at m = 24, alpha 0.05)."""
+    n = 1
+    while sign_flip_floor(n) >= alpha / max(1, m):
+        n += 1
+    return n
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjustment: controls the chance of any false "better"/"worse" over the comparisons of a
     family (8 variants at p < 0.05 would otherwise call one in three noise a finding), and is never less powerful
