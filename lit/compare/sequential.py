@@ -462,6 +462,7 @@ def _course(labels, i, k, plan, p, direction, pairs, t_tested, decisions: Decisi
     else:
         share = plan.alpha / max(int(decisions.family_left[0, last]), 1)
         boundary_look = last + 1
+    at = boundary_look - 1 if state == REJECTED else last  # a rejection's direction is its crossing's
     level = plan.levels(share)[boundary_look - 1]
     n = plan.looks[boundary_look - 1]
     computed = decisions.powers[0, i, :last + 1]
@@ -471,6 +472,6 @@ def _course(labels, i, k, plan, p, direction, pairs, t_tested, decisions: Decisi
         pairs=int(pairs[0, i, last]) if not math.isnan(pairs[0, i, last]) else 0,
         test=T_TEST if t_tested[0, i, last] else SIGN_FLIP,
         p_values=tuple(None if j > last or math.isnan(p[0, i, j]) else float(p[0, i, j]) for j in range(k + 1)),
-        direction=0 if math.isnan(direction[0, i, last]) else int(direction[0, i, last]),
+        direction=0 if math.isnan(direction[0, i, at]) else int(direction[0, i, at]),
         share=share, boundary_look=boundary_look, boundary_p=float(level), critical_t=critical_t(level, n),
         conditional_power=None if math.isnan(power) else float(power))

@@ -218,8 +218,9 @@ def describe_look(record: dict, effect: float | None, futility_power: float) -> 
         if c["look"] != k:
             continue
         if c["state"] == "rejected":
+            crossed = c["p_values"][c["boundary_look"] - 1]  # the look whose statistic crossed (Holm may act later)
             parts.append(f"{c['label']} decided ({'higher' if c['direction'] > 0 else 'lower'} than the "
-                         f"baseline; p {c['p_values'][-1]:.3g} against boundary {c['boundary_p']:.3g} at look "
+                         f"baseline; p {crossed:.3g} against boundary {c['boundary_p']:.3g} at look "
                          f"{c['boundary_look']})")
         elif c["state"] == "futile":
             parts.append(f"{c['label']} stopped for futility (conditional power {c['conditional_power']:.2f} < "
