@@ -19,7 +19,7 @@ and the calibration by simulation (``lit/compare/calibration.py``) run the very 
   group-sequential Bonferroni test (each hypothesis of J spends alpha / |J| with the same function). Its shortcut
   is Holm's step-down on "has this comparison's statistic crossed its boundary at level alpha / j at some look
   it was tested at": a comparison rejected frees its share for the others, at this look and the next (Ye, Li, Liu
-  & Yao 2013; Maurer & Bretz 2013; Tamhane, Xi & Gou 2021 review the variants).
+  & Yao 2013; Maurer & Bretz 2013; Tamhane et al. 2021 review the variants).
 - **Futility** is non-binding: an open comparison stops when its conditional power at the last look, if the true
   mean difference were the declared effect of interest (either sign), falls below ``futility_power``. Stopping
   for futility only removes chances to reject, so the error rate can only fall; a comparison stopped for futility
