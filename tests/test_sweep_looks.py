@@ -185,6 +185,26 @@ def test_add_seeds_outside_a_plan_warns_of_an_interim_look_and_records_it(fake_t
     assert note.startswith("**Extended from 2 seeds (an interim look)** to 3 by `--add_seeds`")
 
 
+def test_a_variant_is_diverged_at_every_value_only_once_every_value_is_done(workdir_with_store):
+    from lit.sweep.looks import counted_runs
+
+    client = MlflowClient(f"sqlite:///{workdir_with_store / 'mlflow.db'}")
+    experiment = client.create_experiment("hopeless")
+
+    def tuning_run(value: str) -> None:
+        run = client.create_run(experiment, tags={P.ROLE: P.CHILD, P.SWEEP_ID: "s", P.VARIANT: "v",
+                                                  P.PHASE: P.TUNE_PHASE, P.CHILD_KEY: f"v|tune|lr={value}",
+                                                  P.OUTCOME: P.DIVERGED_OUTCOME})
+        client.set_terminated(run.info.run_id, "FAILED")
+
+    tuning_run("1")
+    tuning_run("2")
+    # Two of three values diverged: the third may still train, so the look must wait for v's seeds.
+    assert counted_runs(client, experiment, "s", 3) == ({}, set())
+    tuning_run("3")
+    assert counted_runs(client, experiment, "s", 3) == ({}, {"v"})
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--looks", "3,6,6"], "--looks 3,6,6 is not increasing (6 then 6)"),
     (["--looks", "6,3"], "is not increasing"),

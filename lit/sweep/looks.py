@@ -141,7 +141,8 @@ def advance(client, experiment_id: str, parent, proto: dict, children: list[Chil
         state = LookState(look, plan.count, n, wanted, still_open, False, tuple(recorded))
         if parent is None:
             return state
-        counted, hopeless = counted_runs(client, experiment_id, proto["sweep_id"])
+        counted, hopeless = counted_runs(client, experiment_id, proto["sweep_id"],
+                                         len((proto.get("tune") or {}).get("values") or []))
         pending = [c for c in wanted if c.phase == P.SEED_PHASE and (c.variant, str(c.seed)) not in counted
                    and c.variant not in hopeless]
         if pending:
@@ -162,9 +163,9 @@ def look_children(children: list[Child], seeds: list[int], labels: set[str], tun
             and (c.seed in seeds if c.phase == P.SEED_PHASE else tuning)]
 
 
-def counted_runs(client, experiment_id: str, sweep: str) -> tuple[dict, set[str]]:
+def counted_runs(client, experiment_id: str, sweep: str, tuning_values: int) -> tuple[dict, set[str]]:
     """((variant, seed) -> its counted seed run (tagged final and done; the latest), the variants diverged at every
-    tuning value, whose seeds never run)."""
+    one of their ``tuning_values`` tuning values, whose seeds never run)."""
     from lit.sweep.store import child_runs, outcome
 
     counted, tuning = {}, {}
@@ -172,10 +173,12 @@ def counted_runs(client, experiment_id: str, sweep: str) -> tuple[dict, set[str]
         tags = run.data.tags
         done = outcome(run)
         if tags.get(P.PHASE) == P.TUNE_PHASE and done is not None:
-            tuning.setdefault(tags.get(P.VARIANT), set()).add(done)
+            tuning.setdefault(tags.get(P.VARIANT), {})[tags.get(P.CHILD_KEY)] = done
         if done is not None and P.is_true(tags.get(P.FINAL)):
             counted[(tags.get(P.VARIANT), tags.get(P.SEED))] = run
-    hopeless = {v for v, outcomes in tuning.items() if outcomes == {P.DIVERGED_OUTCOME}}
+    # Only once every value is done: a variant whose first value diverged may still find a good one.
+    hopeless = {v for v, by_key in tuning.items()
+                if len(by_key) == tuning_values and set(by_key.values()) == {P.DIVERGED_OUTCOME}}
     return counted, hopeless
 
 
