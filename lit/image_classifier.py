@@ -109,6 +109,8 @@ class ImageClassifier(ArchitectureTask):
     def test_step(self, batch, batch_idx: int) -> None:
         images, labels = batch
         logits = self(images)
+        self.record_test_examples(loss=F.cross_entropy(logits.float(), labels, reduction="none"),
+                                  acc1=(logits.argmax(-1) == labels).float())
         self.log("test/loss", F.cross_entropy(logits.float(), labels), sync_dist=True)
         self.test_acc1(logits, labels)
         self.log("test/acc1", self.test_acc1)

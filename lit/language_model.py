@@ -117,7 +117,10 @@ class LanguageModel(ArchitectureTask):
 
     def test_step(self, batch, batch_idx: int) -> None:
         idx, targets = batch
-        loss = self._loss(self(idx), targets)
+        logits = self(idx)
+        loss = self._loss(logits, targets)
+        per_token = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
+        self.record_test_examples(loss=per_token.view(targets.shape).mean(1))  # one mean loss per window
         self.log("test/loss", loss, sync_dist=True)
         if self.hparams.bytes_per_token:
             self.log("test/bpb", loss / math.log(2) / self.hparams.bytes_per_token, sync_dist=True)

@@ -31,6 +31,7 @@ from lit.optim import configure, select_optimizer
 from lit.parallel import checkpoint_blocks, compile_blocks, shard
 from lit.schedules import check as check_schedule
 from lit.throughput import StepRate
+from lit.tracking import per_example
 
 EXECUTION_OPTIONS = ("compile", "activation_checkpointing", "diagnostics")
 
@@ -179,6 +180,21 @@ class ArchitectureTask(L.LightningModule):
                     f"checkpoint's over {resumed} steps, which it already trained {self.global_step} steps of: "
                     f"a cooldown branch starts from a checkpoint before the cooldown (schedule wsd; an earlier "
                     f"checkpoint or a larger --trainer.max_steps)")
+
+    def record_test_examples(self, **values: torch.Tensor) -> None:
+        """Per-example results of one test batch (a loss per window or image, a correctness per image), logged at
+        the end of the test as the run's ``test_examples.npz`` (``lit/tracking/per_example.py``)."""
+        self._test_examples.append({k: v.detach().float() for k, v in values.items()})
+
+    def on_test_epoch_start(self) -> None:
+        self._test_examples: list[dict[str, torch.Tensor]] = []
+
+    def on_test_epoch_end(self) -> None:
+        loaders = self.trainer.test_dataloaders
+        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+        total = len(loader.dataset) if loader is not None and hasattr(loader.dataset, "__len__") else None
+        per_example.log(self, per_example.gathered(self, self._test_examples, total))
+        self._test_examples = []
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Lightning does not keep random states; dropout, drop-path and batch mixing resume exactly with them.

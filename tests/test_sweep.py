@@ -357,7 +357,7 @@ def test_a_key_or_value_the_recipe_rejects_is_one_line_before_anything_trains(tm
 
 @pytest.mark.parametrize("args, expected", [
     (["--vary", "model.arch.norm"], "--vary 'model.arch.norm' is not KEY=VALUE"),
-    (["--vary", "model.arch.norm=rmsnorm,dyt", "--metric", "val/iou"], "--mode min or --mode max"),
+    (["--vary", "model.arch.norm=rmsnorm,dyt", "--metric", "val/score"], "--mode min or --mode max"),
     (["--vary", "model.arch.norm=rmsnorm,dyt", "--tune", "model.lr=1e-3,1e-2", "--tune_seed", "1338"],
      "--tune_seed 1338 is one of the evaluation seeds"),
     (["--vary", "model.arch.norm=rmsnorm,dyt", "--tune", "model.lr=1e-3,1e-2", "--tune_steps", "2",
