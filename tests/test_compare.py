@@ -639,6 +639,7 @@ def test_parity_is_tested_as_equivalence(edge_report):
     p = max(scipy_stats.ttest_1samp(d, -EDGE_MARGIN, alternative="greater").pvalue,
             scipy_stats.ttest_1samp(d, EDGE_MARGIN, alternative="less").pvalue)
     assert_printed(row["p (TOST)"], p, relative=5e-3)
+    assert float(row["p (TOST, Holm)"]) >= float(row["p (TOST)"])  # the adjusted p, the one the verdict reads
     assert row["verdict"] == f"equivalent within ±{EDGE_MARGIN:g}"
     assert table(edge_report, "## Against the baseline")["holes"]["p (TOST)"] == "—"
 

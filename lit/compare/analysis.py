@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from lit.compare import stats
+from lit.compare import examples, stats
 from lit.compare.runs import Sweep, is_throughput_metric
 from lit.compare.sequential import SequentialResult
 from lit.compare.sequential_report import sequential_verdicts
@@ -90,6 +90,7 @@ class Comparison:
     mde: float | None = None  # at 80% power and the family's alpha / m, from the paired sd's upper limit
     equivalence: Equivalence | None = None
     correlation: float | None = None  # Pearson, variant vs baseline values over the finished paired seeds (n >= 3)
+    two_way: tuple[float, float] | None = None  # at the interval's level, resampling seeds and test examples
 
 
 @dataclass(frozen=True)
@@ -260,6 +261,7 @@ def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, 
     variants = [_with_relative_throughput(v, base) for v in variants]
     others = family_tests or {}
     comparisons, family = compare_to_baseline(variants, base, confidence, mode, equivalence, others, sweep)
+    comparisons = [replace(c, two_way=two_way(sweep, c, base.label, confidence)) for c in comparisons]
     # A sequential sweep is decided by its looks, not by a test over the seeds each comparison ended with.
     comparisons, looks, look_notes = sequential_verdicts(sweep.protocol, list(sweep.looks), comparisons, mode,
                                                          baseline, metric)
@@ -449,6 +451,24 @@ def compare_to_baseline(variants: list[VariantResult], base: VariantResult, conf
                                       equivalence=parity_result, **common))
     name, declared = family_name(sweep.protocol, sweep.sweep_id)
     return comparisons, Family(name, (sweep.sweep_id, *others), m, declared)
+
+
+def two_way(sweep: Sweep, c: Comparison, baseline: str, confidence: float) -> tuple[float, float] | None:
+    """The interval over seeds x test examples of a comparison's mean difference, at its own (Holm) level; None
+    unless every finished paired seed of both sides logged its per-example results, of one length."""
+    if not sweep.examples:
+        return None
+    runs = sweep.runs[sweep.runs["outcome"] == protocol.FINISHED_OUTCOME]
+    ids = {(r.variant, str(r.seed)): r.run_id for r in runs.itertuples()}
+    rows = []
+    for seed in c.paired.seeds:
+        mine, theirs = (sweep.examples.get(ids.get((label, seed), "")) for label in (c.label, baseline))
+        if mine is None or theirs is None or len(mine) != len(theirs):
+            return None
+        rows.append(np.asarray(mine) - np.asarray(theirs))
+    if len({len(r) for r in rows}) != 1:
+        return None
+    return examples.two_way_interval(np.stack(rows), 1 - c.level if c.level is not None else confidence)
 
 
 def detectable_effect(pair: stats.Paired, alpha: float) -> float | None:

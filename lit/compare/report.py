@@ -299,22 +299,34 @@ def _against_baseline(a: Analysis, d: int) -> str:
     parity = a.equivalence_margin is not None and any(c.equivalence for c in a.comparisons)
     if parity:
         method += (f" Parity claims are tested as equivalence: two one-sided t-tests against ±{a.equivalence_margin:g}"
-                   " (p (TOST), Holm over the family's parity claims); verdicts: equivalent within ±margin, "
+                   " (p (TOST) raw, and Holm-adjusted over the family's parity claims: the verdict reads the "
+                   "adjusted one); verdicts: equivalent within ±margin, "
                    "different (the difference test), or not shown equivalent.")
-    header = ["variant", "paired seeds", "per-seed difference", "mean difference", "CI (Holm)", "p (paired t)",
-              "p (sign-flip)", "sign-flip floor (Holm)", "test", "p (Holm)", "q (BH)", "corr.", "MDE (80%)"]
-    header += ["p (TOST)"] if parity else []
+    two_way = any(c.two_way is not None for c in a.comparisons)
+    if two_way:
+        method += (" *CI, seeds × test examples* is the same level's interval when the test examples are resampled "
+                   "too (each run's per-example results, `test_examples.npz`: a bootstrap over seeds and examples "
+                   "together, which errs wide): the seed-only verdict holds for this test split, and this interval "
+                   "shows how far it would carry to another test set of the same size. Verdicts rest on the "
+                   "seed-only tests, declared before the runs.")
+    header = ["variant", "paired seeds", "per-seed difference", "mean difference", "CI (Holm)"]
+    header += ["CI, seeds × test examples"] if two_way else []
+    header += ["p (paired t)", "p (sign-flip)", "sign-flip floor (Holm)", "test", "p (Holm)", "q (BH)", "corr.",
+               "MDE (80%)"]
+    header += ["p (TOST)", "p (TOST, Holm)"] if parity else []
     header += ["verdict"]
     rows = []
     for c in a.comparisons:
         s = c.paired.summary
         pairs = str(len(c.outcomes)) + (f" ({len(c.excluded)} diverged: not in t)" if c.excluded else "")
         row = [c.label, pairs, _differences(c, d, a.mode), DASH if s is None else f"{s.mean:+.{d}f}",
-               _holm_interval(c, d),
-               "undefined (zero spread)" if c.paired.zero_spread else _p(c.paired.p_value), _p(c.p_sign_flip),
-               _sign_flip_floor(len(c.outcomes), m, a.alpha), c.test or DASH, _p(c.p_adjusted), _p(c.q_value),
-               DASH if c.correlation is None else f"{c.correlation:+.2f}", _number(c.mde, d)]
-        row += [_p(c.equivalence.p_value) if c.equivalence else DASH] if parity else []
+               _holm_interval(c, d)]
+        row += [DASH if c.two_way is None else _interval(c.two_way, d, signed=True)] if two_way else []
+        row += ["undefined (zero spread)" if c.paired.zero_spread else _p(c.paired.p_value), _p(c.p_sign_flip),
+                _sign_flip_floor(len(c.outcomes), m, a.alpha), c.test or DASH, _p(c.p_adjusted), _p(c.q_value),
+                DASH if c.correlation is None else f"{c.correlation:+.2f}", _number(c.mde, d)]
+        e = c.equivalence
+        row += [_p(e.p_value), _p(e.p_adjusted)] if parity and e else [DASH, DASH] if parity else []
         rows.append(row + [c.verdict])
     return "\n\n".join([title, method, _table(header, rows), _detectable(a, d)])
 

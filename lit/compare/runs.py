@@ -58,6 +58,7 @@ class Sweep:
     tune_runs: int  # tuning-phase child runs found, whatever their status
     duplicates: tuple[tuple[str, str, int], ...] = ()  # (variant, seed, runs found) where more than one counted
     tuning: pd.DataFrame | None = None  # one row per tuning run: variant, tune_value, status, outcome
+    examples: dict[str, Any] | None = None  # run id -> per-example test results of the metric (lit/compare/examples.py)
     looks: tuple[dict, ...] = ()  # a sequential sweep's recorded looks (lit/sweep/history.py), look 1 first
     extensions: tuple[dict, ...] = ()  # --add_seeds extensions outside a sequential plan, recorded
 
@@ -199,7 +200,18 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
                  metric=metric, runs=kept.reset_index(drop=True), history=read_histories(client, keys_by_run),
                  logged=tuple(logged), left_out=left_out, replaced=len(runs) - len(kept),
                  tune_runs=sum(r.data.tags.get(protocol.PHASE) == protocol.TUNE_PHASE for r in children),
-                 duplicates=duplicates, tuning=_tuning_table(children), **_course(client, parent.info.run_id))
+                 duplicates=duplicates, tuning=_tuning_table(children), examples=_examples(client, metric, kept_ids),
+                 **_course(client, parent.info.run_id))
+
+
+def _examples(client: MlflowClient, metric: str, run_ids: set[str]) -> dict[str, Any]:
+    """Per-example results of a test-split metric (``test/loss`` -> each run's ``loss`` array), where logged."""
+    from lit.compare.examples import load
+
+    if not metric.startswith("test/"):
+        return {}
+    with _no_progress_bar():
+        return load(client, sorted(run_ids), metric.rsplit("/", 1)[-1])
 
 
 def _course(client: MlflowClient, run_id: str) -> dict[str, tuple[dict, ...]]:
