@@ -133,6 +133,31 @@ def test_un_backward_is_the_approximation_not_autograd():
     assert not torch.allclose(x.grad, exact_x.grad, atol=1e-3)
 
 
+def test_un_exact_backward_warmup_is_autograd_during_the_warmup_and_the_reference_after():
+    """The named deviation: while it < warmup_iters the input gradient is the forward's exact one; the buffers and
+    the EMA follow the reference's updates, so from the warmup's end the two runs' gradients agree again."""
+    torch.manual_seed(2)
+    options = dict(window_size=2, warmup_iters=3, compensation_start=100, sync=False)
+    exact, reference = UnifiedNorm(C, exact_backward_warmup=True, **options), UnifiedNorm(C, **options)
+    for step in range(6):
+        x, grad_y = torch.randn(4, 6, C), torch.randn(4, 6, C)
+        grads = []
+        for un in (exact, reference):
+            xs = x.clone().requires_grad_()
+            un(xs).backward(grad_y)
+            grads.append(xs.grad)
+        by_autograd = x.clone().requires_grad_()
+        flat = by_autograd.reshape(-1, C)
+        (flat / (flat.square().mean(0) + 1e-5).sqrt()).reshape(x.shape).backward(grad_y)
+        it = step + 1  # the counter the forward saw
+        if it < 3:
+            torch.testing.assert_close(grads[0], by_autograd.grad, rtol=1e-4, atol=1e-6)
+            assert not torch.allclose(grads[1], by_autograd.grad, atol=1e-3)
+        else:
+            torch.testing.assert_close(grads[0], grads[1])
+        torch.testing.assert_close(exact.ema_gz, reference.ema_gz)  # the state evolves as the reference's
+
+
 def test_un_at_inference_is_its_folded_linear():
     model = gpt("un", norm_options={"warmup_iters": 2, "window_size": 2})
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -13,6 +13,7 @@ from arch_plugins import registry
 from arch_plugins.diagnostics import declared_diagnostics
 from arch_plugins.interfaces import Site, StackInfo
 from arch_plugins.norms.three_phase import HornInjection, PhaseRMSNorm, PhaseRotation
+from arch_plugins.registry import PluginError
 from arch_plugins.weight_decay import decays
 from lit.models import GPT, TransformerConfig
 from lit.models.transformer import TransformerStack
@@ -112,6 +113,27 @@ def test_the_horn_is_a_fixed_profile_in_the_mean_direction():
     torch.testing.assert_close(y.mean(-1), (1.0 / torch.arange(1, T + 1)).expand(2, T), rtol=0, atol=1e-6)
     shift = y - x  # the same value on every channel: every direction orthogonal to the all-ones vector is untouched
     torch.testing.assert_close(shift, shift[..., :1].expand_as(shift))
+
+
+def dc_share(x: torch.Tensor) -> torch.Tensor:
+    """Each token's share of its energy in the all-ones (DC, horn) direction, per position."""
+    return (x.mean(-1) ** 2 * x.shape[-1] / x.square().sum(-1)).mean(0)
+
+
+def test_horn_scale_restores_the_reference_s_ratio_of_horn_to_tokens():
+    # The reference adds 1/(p+1) to an N(0, 1) embedding; this project's embedding is N(0, 0.02^2). At horn_scale
+    # 0.02 the per-phase RMSNorm that follows sees the reference's input, up to the common factor 0.02.
+    torch.manual_seed(0)
+    tokens = torch.randn(64, 128, 192)
+    reference = reference_horn(tokens)
+    scaled = strategy(horn_scale=0.02).site(Site.EMBEDDING, 192, None, StackInfo(192, 4, 6, 768, causal=True))
+    torch.testing.assert_close(scaled(0.02 * tokens), 0.02 * reference, rtol=1e-5, atol=1e-7)
+    as_written = HornInjection()(0.02 * tokens)  # the default: the horn 50x the tokens' relative size
+    shares = {name: dc_share(x)[[0, 1, 10, 50]] for name, x in (("reference", reference), ("default", as_written))}
+    assert shares["reference"][0] == pytest.approx(0.5, abs=0.1) and shares["reference"][2] < 0.05
+    assert shares["default"][0] > 0.99 and shares["default"][3] > 0.3  # position 50 still half horn
+    with pytest.raises(PluginError, match="horn_scale"):
+        strategy(horn_scale=0)
 
 
 def test_the_block_applies_the_pieces_where_the_reference_does():

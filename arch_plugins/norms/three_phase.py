@@ -77,11 +77,15 @@ class PhaseRotation(nn.Module):
 
 
 class HornInjection(nn.Module):
-    """Replaces each position's mean over the channels by r(p) = 1 / (p + 1) (p = index along dim -2); no parameters."""
+    """Replaces each position's mean over the channels by s / (p + 1) (p = index along dim -2); no parameters."""
+
+    def __init__(self, scale: float = 1.0):
+        super().__init__()
+        self.scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)
-        horn = (1.0 / (positions + 1.0)).to(x.dtype).unsqueeze(-1)
+        horn = (self.scale / (positions + 1.0)).to(x.dtype).unsqueeze(-1)
         return x + (horn - x.mean(dim=-1, keepdim=True))
 
 
@@ -95,16 +99,27 @@ class ThreePhaseStrategy(NormStrategy):
             patches are not a sequence it was designed for; pass horn: false for ViT).
         weight_decay: decay the rotation angles and the per-phase gains as the reference does (its AdamW decays
             every parameter); false keeps the project's default for vectors (not decayed).
+        horn_scale: s in the horn's profile s / (p + 1). The reference's is 1 on a token embedding it never
+            re-initialises (PyTorch's N(0, 1)); this project's embedding starts at N(0, init_std^2) (0.02), where
+            s = 1 makes the horn about 50x larger relative to the tokens: the first ~50 positions start with their
+            token identity squeezed to a few percent of each phase's normalised input. s = init_std (0.02) restores
+            the reference's ratio of horn to token signal (the next operation, per-phase RMSNorm, sees only the
+            ratio). Default 1, the profile as written; the difference is a stated, measured choice (docs).
     """
 
     # An encoder has no sequence position for the profile to follow: what the conformance kit (and a user) passes.
     stack_options = {"vit": {"horn": False}}
 
-    def __init__(self, phases: int = 3, eps: float = 1e-6, horn: bool = True, weight_decay: bool = True):
+    def __init__(self, phases: int = 3, eps: float = 1e-6, horn: bool = True, weight_decay: bool = True,
+                 horn_scale: float = 1.0):
         if not isinstance(phases, int) or isinstance(phases, bool) or phases < 1:
             raise ValueError(f"phases is the number of channel groups N (the paper uses 3); give an integer >= 1, "
                              f"got {phases!r}")
+        if not horn_scale > 0:
+            raise ValueError(f"horn_scale is the horn's amplitude (1 as written; init_std for the reference's ratio "
+                             f"to the tokens), a positive number, got {horn_scale!r}")
         self.phases, self.eps, self.horn, self.weight_decay = phases, eps, horn, weight_decay
+        self.horn_scale = horn_scale
 
     def _check(self, stack: StackInfo) -> None:
         n = self.phases
@@ -121,7 +136,7 @@ class ThreePhaseStrategy(NormStrategy):
     def site(self, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.Module | None:
         self._check(stack)
         if site == Site.EMBEDDING:
-            return HornInjection() if self.horn else None
+            return HornInjection(self.horn_scale) if self.horn else None
         if site in (Site.ATTN_IN, Site.MLP_IN, Site.FINAL):
             return PhaseRMSNorm(dim, self.phases, self.eps, self.weight_decay)
         if site == Site.ATTN_AFTER_ADD:

@@ -31,6 +31,14 @@ Named differences from the reference:
   short run can reach the compensated regime.
 - Causal models: the training statistics mix every position of the batch, later tokens included (as PRepBN's);
   inference uses the running variance only and leaks nothing.
+- ``exact_backward_warmup`` (default off, the reference): while ``it < warmup_iters`` the input gradient uses the
+  batch's own ``mean(g * z)`` instead of ``ema_gz``, which makes it the exact gradient of the forward; the buffers
+  and the EMA are updated as the reference updates them, so the approximation takes over after the warmup with the
+  state it would have had. Why: the reference reads ``ema_gz`` from iteration 1, when it is still near its zero
+  start (``un.py:103-107``); its IWSLT14 run ramps the learning rate from 1e-7 over 6000 updates, so the error meets
+  tiny steps. Under a fast ramp (this project's LM recipe: 3e-3 within 50 steps) the leftover per-channel radial
+  term ``(mean(g*z) - ema_gz) * z``, which UN's scale-invariant forward never opposes, blows the residual stream up
+  by orders of magnitude (RMS about 550 at the final norm) and the model stays near the unigram entropy.
 """
 
 from __future__ import annotations
@@ -96,7 +104,8 @@ class _UNFunction(torch.autograd.Function):
         else:
             mean_gz = un.buffer_gz.mean(dim=0)
         un.ema_gz.copy_(un.ema_gz * un.momentum + (1 - un.momentum) * mean_gz)
-        approx = g - world * (mean_gz if skip else un.ema_gz) * z
+        exact = skip or (un.exact_backward_warmup and it < un.warmup_iters)  # mean_gz is the batch's gz then
+        approx = g - world * (mean_gz if exact else un.ema_gz) * z
         gx = approx / torch.sqrt(var + un.eps)
         return gx, (grad_y * r * z).sum(dim=0), grad_y.sum(dim=0), None
 
@@ -106,8 +115,9 @@ class UnifiedNorm(nn.Module):
 
     def __init__(self, dim: int, window_size: int | tuple[int, int] = 4, warmup_iters: int = 4000,
                  outlier_filtration: bool = False, eps: float = 1e-5, momentum: float = 0.9,
-                 compensation_start: int = 1000, sync: bool = True):
+                 compensation_start: int = 1000, sync: bool = True, exact_backward_warmup: bool = False):
         super().__init__()
+        self.exact_backward_warmup = exact_backward_warmup
         fp, bp = (window_size, window_size) if isinstance(window_size, int) else tuple(window_size)
         if fp < 1 or bp < 1:
             raise ValueError(f"window_size must be a positive number of batches (or a pair), got {window_size!r}")
@@ -143,7 +153,8 @@ class UnifiedNorm(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.weight.shape[0]}, window=({self.buffer_x2.shape[0]}, {self.buffer_gz.shape[0]}), "
                 f"warmup={self.warmup_iters}, outlier_filtration={self.outlier_filtration}, eps={self.eps:g}, "
-                f"momentum={self.momentum:g}, sync={self.sync}")
+                f"momentum={self.momentum:g}, sync={self.sync}"
+                + (", exact_backward_warmup=True" if self.exact_backward_warmup else ""))
 
 
 class UNStrategy(NormStrategy):
@@ -165,11 +176,13 @@ class UNStrategy(NormStrategy):
         eps, momentum: as the reference's (momentum weighs the old running value: 0.9).
         compensation_start: the reference's fixed 1000 before gradient compensation may start.
         sync: statistics over the global batch across data-parallel processes (the reference: per process).
+        exact_backward_warmup: a stated deviation (default off): the exact input gradient while
+            ``it < warmup_iters``, for learning-rate ramps much faster than the reference's (module docstring).
     """
 
     def __init__(self, window_size: int | list[int] = 4, warmup_iters: int = 4000,
                  outlier_filtration: bool | None = None, eps: float = 1e-5, momentum: float = 0.9,
-                 compensation_start: int = 1000, sync: bool = True):
+                 compensation_start: int = 1000, sync: bool = True, exact_backward_warmup: bool = False):
         sizes = [window_size] if isinstance(window_size, int) else list(window_size)
         if len(sizes) not in (1, 2) or not all(isinstance(s, int) and s >= 1 for s in sizes):
             raise ValueError(f"window_size must be a number of batches >= 1 or a pair [forward, backward], "
@@ -182,10 +195,11 @@ class UNStrategy(NormStrategy):
         self.window = sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
         self.warmup_iters, self.outlier_filtration, self.eps = warmup_iters, outlier_filtration, eps
         self.momentum, self.compensation_start, self.sync = momentum, compensation_start, sync
+        self.exact_backward_warmup = exact_backward_warmup
 
     def site(self, site: str, dim: int, layer: int | None, stack: StackInfo) -> nn.Module | None:
         if site not in SITES:
             return None
         filtration = self.outlier_filtration if self.outlier_filtration is not None else not stack.causal
         return UnifiedNorm(dim, self.window, self.warmup_iters, filtration, self.eps, self.momentum,
-                           self.compensation_start, self.sync)
+                           self.compensation_start, self.sync, self.exact_backward_warmup)
