@@ -456,6 +456,24 @@ def has_diagnostics(model: nn.Module) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Where a site's normalised representation is read
+
+
+def declare_norm_output(module: nn.Module) -> None:
+    """Declare that ``module``'s output is its site's normalised representation, for a site module that does more
+    after its norm (OSP's final site: the norm, then a projection). The outlier probes read the final state there,
+    as a Hugging Face model's last hidden state is its final norm's output; without a declaration they read the
+    site module's own output."""
+    _declare(module, "norm_output", "here", True)
+
+
+def norm_output(site_module: nn.Module) -> nn.Module:
+    """The module whose output is ``site_module``'s normalised representation: the first declared one inside it,
+    else ``site_module`` itself."""
+    return next((m for _, m, _, _ in _walk(site_module, "norm_output")), site_module)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Training-progress hooks
 
 

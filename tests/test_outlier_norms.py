@@ -324,6 +324,26 @@ def test_osp_embedding_projection_sits_after_the_embedding_and_before_the_head()
     torch.testing.assert_close(projected(idx), plain(idx))
 
 
+def test_osp_kurtosis_reads_the_final_state_at_the_norm_before_the_projection():
+    from lit.diagnostics.outliers import excess_kurtosis
+    from lit.diagnostics.probe import probe
+
+    model = gpt("ssnorm", norm_options={"embedding_projection": True})
+    with torch.no_grad():  # a projection that moves the kurtosis, so reading after it would show
+        model.stack.final[1].weight.copy_(torch.diag(torch.linspace(0.1, 10.0, 16)))
+    seen = {}
+    model.stack.final[0].register_forward_hook(lambda m, a, out: seen.setdefault("norm", out.detach()))
+    model.stack.register_forward_hook(lambda m, a, out: seen.setdefault("stack", out.detach()))
+    metrics = probe(model, torch.randint(0, VOCAB, (2, T)), stream=False, attention=False, outliers=True)
+    torch.testing.assert_close(metrics["diag/kurtosis/final"], excess_kurtosis(seen["norm"]))
+    assert not torch.allclose(metrics["diag/kurtosis/final"], excess_kurtosis(seen["stack"]))
+    # A plain final site is read at its own output, as before.
+    plain = gpt("ssnorm")
+    plain.stack.register_forward_hook(lambda m, a, out: seen.__setitem__("plain", out.detach()))
+    metrics = probe(plain, torch.randint(0, VOCAB, (2, T)), stream=False, attention=False, outliers=True)
+    torch.testing.assert_close(metrics["diag/kurtosis/final"], excess_kurtosis(seen["plain"]))
+
+
 # ---------------------------------------------------------------- composition
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
+from arch_plugins.declarations import declare_diagnostic, declare_norm_output, declare_role, declare_roles
 from arch_plugins.interfaces import Kind, NormStrategy, Role, Site, StackInfo
 
 SITES = (Site.ATTN_IN, Site.MLP_IN, Site.FINAL)
@@ -77,5 +77,9 @@ class SingleScaleRMSNormStrategy(NormStrategy):
         if site not in SITES:
             return None
         if site == Site.FINAL and self.embedding_projection:
-            return nn.Sequential(SingleScaleRMSNorm(self.eps), orthogonal_projection(dim))
+            # The probes read the final state at the norm, before the projection: in the reference's released
+            # checkpoints the projection is folded into the head, and its kurtosis reads the last hidden state.
+            norm = SingleScaleRMSNorm(self.eps)
+            declare_norm_output(norm)
+            return nn.Sequential(norm, orthogonal_projection(dim))
         return SingleScaleRMSNorm(self.eps)

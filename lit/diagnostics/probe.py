@@ -26,6 +26,7 @@ import math
 import torch
 from torch import nn
 
+from arch_plugins.declarations import norm_output
 from lit.diagnostics.contribution import contribution_metrics
 from lit.diagnostics.outliers import outlier_metrics
 from lit.models.transformer import Attention, TransformerStack
@@ -103,11 +104,14 @@ def probe(module: nn.Module, inputs: torch.Tensor, *, stream: bool, attention: b
         def read_history(block, args, kwargs, output):
             captured["history"] = args[1] if len(args) > 1 else kwargs["history"]
 
-        def read_final(stack, args, output):
+        def read_final(module, args, output):
             captured["final"] = output
 
         handles.append(stack.blocks[0].register_forward_hook(read_history, with_kwargs=True))
-        handles.append(stack.register_forward_hook(read_final))
+        # The final norm's output (a site that projects after its norm declares where that is), else the stack's.
+        final_site = getattr(stack, "final", None)
+        at = norm_output(final_site) if isinstance(final_site, nn.Module) else stack
+        handles.append(at.register_forward_hook(read_final))
     if stack is not None and attention:
         attentions = [(i, block.attn) for i, block in enumerate(stack.blocks) if isinstance(block.attn, Attention)]
         for i, attn in attentions:
