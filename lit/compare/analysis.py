@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,9 @@ from lit.errors import UserInputError
 from lit.sweep import protocol
 from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
 from lit.tracking.names import STREAM_RMS_PREFIX, SUBLAYER
+
+if TYPE_CHECKING:
+    from lit.compare.shared_value import SharedValue
 
 NEEDS_SEEDS = "needs ≥2 seeds for an interval"
 NEEDS_PAIRS = "needs ≥2 paired seeds for a test"
@@ -164,6 +168,7 @@ class Analysis:
     curve_metric: str = ""  # what the curves and steps to target read (``curve_metric``); "" means ``metric``
     sequential: SequentialResult | None = None  # a sequential sweep's looks, replayed (lit/compare/sequential.py)
     sequential_notes: tuple[str, ...] = ()  # what the report must say about them
+    shared_value: SharedValue | None = None  # --shared_value: the secondary comparison (lit/compare/shared_value.py)
 
     @property
     def curve_of(self) -> str:
@@ -267,6 +272,9 @@ def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, 
                                                          baseline, metric)
     half_widths = [c.paired.summary.half_width for c in comparisons
                    if c.paired.summary is not None and c.paired.summary.half_width]
+    from lit.compare.shared_value import analyze_shared  # it builds on this module: imported late
+
+    shared = analyze_shared(sweep, variants, base, confidence, mode, comparisons)
     return Analysis(
         sweep=sweep, metric=metric, mode=mode, mode_source=mode_source, confidence=confidence, baseline=baseline,
         variants=variants, comparisons=comparisons, target=base.summary.mean,
@@ -275,7 +283,7 @@ def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, 
         depth=depth_profile(sweep, finished), without_metric=int((sweep.runs["outcome"] ==
                                                                    protocol.FINISHED_OUTCOME).sum()) - len(finished),
         family=family, bounded=bounded, equivalence_margin=equivalence[0] if equivalence else None,
-        curve_metric=along, sequential=looks, sequential_notes=tuple(look_notes))
+        curve_metric=along, sequential=looks, sequential_notes=tuple(look_notes), shared_value=shared)
 
 
 def curve_metric(spec: dict, metric: str, history: dict[str, pd.DataFrame]) -> str:

@@ -40,7 +40,8 @@ t-test and an exact sign-flip test, Holm-adjusted within the sweep's family (BH 
 step with Holm, the minimum detectable effect, equivalence (TOST) for parity claims, the speedup to each
 baseline seed's final value, throughput and parameters, and a depth profile when the runs logged
 diag/stream_rms/* metrics. The metric's direction comes from --mode, else the protocol, else its name
-(val/loss: lower; val/acc1: higher); an unknown name needs --mode.
+(val/loss: lower; val/acc1: higher); an unknown name needs --mode. A sweep run with --shared_value gets a
+secondary comparison after the primary one: each variant at the baseline's tuned value, in a family of its own.
 
 With --plan --effect E, prints instead, per comparison, the paired seeds needed to detect a difference of E.
 

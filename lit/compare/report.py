@@ -42,6 +42,10 @@ def render(analysis: Analysis, figures: list[str]) -> str:
     if analysis.sequential is not None or analysis.sequential_notes:  # decided look by look: say how
         sections.insert(3, sequential_report.render(analysis.sequential, list(analysis.sequential_notes))
                         if analysis.sequential is not None else "\n\n".join(analysis.sequential_notes))
+    if analysis.shared_value is not None:  # --shared_value: the secondary comparison, after the primary one
+        from lit.compare.shared_value import render as render_shared
+
+        sections.insert(len(sections) - 1, render_shared(analysis, d))
     if analysis.depth is not None and DEPTH in figures:
         sections.append("## Depth profile\n\nRMS of the residual stream after each sublayer "
                         "(`diag/stream_rms/*`), mean over seeds, at the first and the last step the runs logged "

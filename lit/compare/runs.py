@@ -61,6 +61,7 @@ class Sweep:
     examples: dict[str, Any] | None = None  # run id -> per-example test results of the metric (lit/compare/examples.py)
     looks: tuple[dict, ...] = ()  # a sequential sweep's recorded looks (lit/sweep/history.py), look 1 first
     extensions: tuple[dict, ...] = ()  # --add_seeds extensions outside a sequential plan, recorded
+    shared: pd.DataFrame | None = None  # --shared_value: the runs at the baseline's value (lit/compare/shared_value.py)
 
     @property
     def sweep_id(self) -> str:
@@ -201,7 +202,14 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
                  logged=tuple(logged), left_out=left_out, replaced=len(runs) - len(kept),
                  tune_runs=sum(r.data.tags.get(protocol.PHASE) == protocol.TUNE_PHASE for r in children),
                  duplicates=duplicates, tuning=_tuning_table(children), examples=_examples(client, metric, kept_ids),
-                 **_course(client, parent.info.run_id))
+                 shared=_shared(client, spec, children, metric), **_course(client, parent.info.run_id))
+
+
+def _shared(client: MlflowClient, spec: dict, children: list[Run], metric: str) -> pd.DataFrame | None:
+    """A ``--shared_value`` sweep's runs at the baseline's value (None for any other sweep)."""
+    from lit.compare.shared_value import load_runs
+
+    return load_runs(client, children, metric) if spec.get("shared_value") else None
 
 
 def _examples(client: MlflowClient, metric: str, run_ids: set[str]) -> dict[str, Any]:

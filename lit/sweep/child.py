@@ -3,7 +3,9 @@
 The same function runs a child whether a local sweep forked it or a SLURM array task started it
 (``python -m lit.sweep.child MANIFEST PHASE INDEX``), so both log the same run into the same store.
 A seed run of a tuned variant looks up the tuned value in the store when it starts (the tuning runs
-may have run on other machines), and a seed run that reuses the tuning run only tags it.
+may have run on other machines), and a seed run that reuses the tuning run only tags it. A run at the
+baseline's value (``--shared_value``) looks up the baseline's pick the same way; when its variant picked that
+value too, its seed run at that seed is that run already, and it only tags it.
 
 The child claims its run before training: it creates the MLflow run with its owner and a heartbeat
 (``lit/sweep/ownership.py``), and gives way if another live process holds the same child. After
@@ -39,7 +41,7 @@ def fit_args(manifest: dict, child: Child, tune_value: str | None) -> list[str]:
     """
     overrides = dict(child.overrides)
     tune = manifest["protocol"]["tune"]
-    if child.phase == "seed" and tune is not None:
+    if child.phase in (P.SEED_PHASE, P.SHARED_PHASE) and tune is not None:
         overrides[tune["key"]] = tune_value
     configs = [v for k, v in overrides.items() if k == CONFIG_KEY]
     tags = child_tags(manifest, child, tune_value)
@@ -70,14 +72,17 @@ def child_tags(manifest: dict, child: Child, tune_value: str | None) -> dict[str
         tags[P.TUNE_VALUE] = str(child.tune_value if child.phase == "tune" else tune_value)
     if child.phase == "seed":
         tags[P.FINAL] = P.TRUE
+    if child.phase == P.SHARED_PHASE:  # a secondary result: never FINAL, the primary comparison does not see it
+        tags[P.SHARED_VALUE] = P.TRUE
     tags.update(rung_tags(manifest, child))
     return tags
 
 
 def run_name(child: Child) -> str:
     rung = f"rung {child.rung} | " if child.rung is not None else ""
-    what = {"tune": f"tune {child.tune_value}", "seed": f"seed {child.seed}"}.get(child.phase,
-                                                                                    f"{child.phase} {child.tune_value}")
+    what = {"tune": f"tune {child.tune_value}", "seed": f"seed {child.seed}",
+            P.SHARED_PHASE: f"seed {child.seed} at the baseline's value"}.get(child.phase,
+                                                                            f"{child.phase} {child.tune_value}")
     return f"{child.variant} | {rung}{what}"
 
 
@@ -87,20 +92,30 @@ def run_child(manifest: dict, child: Child) -> int:
     from mlflow import MlflowClient
 
     from lit.sweep.ownership import Heartbeat
-    from lit.sweep.store import AllTuningDiverged, experiment_id_for, pick_tuned_value
+    from lit.sweep.store import AllTuningDiverged, experiment_id_for, pick_tuned_value, same_value
 
     proto = manifest["protocol"]
     client = MlflowClient(manifest["tracking_uri"])
     tune_value = None
     try:
         experiment_id = experiment_id_for(client, manifest["experiment"])
-        if child.phase == "seed" and proto["tune"] is not None:
+        if child.phase in (P.SEED_PHASE, P.SHARED_PHASE) and proto["tune"] is not None:
             try:
                 tune_value, tuning_run = pick_tuned_value(client, experiment_id, proto["sweep_id"], child.variant,
                                                           proto["tune"]["values"], proto["metric"], proto["mode"])
             except AllTuningDiverged as exc:
                 print(f"{child.key}: not run: {exc}")
                 return ALL_DIVERGED_EXIT
+            if child.phase == P.SHARED_PHASE:
+                try:
+                    shared, _ = pick_tuned_value(client, experiment_id, proto["sweep_id"], proto["baseline"],
+                                                 proto["tune"]["values"], proto["metric"], proto["mode"])
+                except AllTuningDiverged as exc:
+                    print(f"{child.key}: not run: the baseline has no tuned value: {exc}")
+                    return ALL_DIVERGED_EXIT
+                if same_value(tune_value, shared):
+                    return reuse_seed_run(client, experiment_id, proto["sweep_id"], child, shared)
+                tune_value = shared
             if child.reuse:
                 # The tuning run at the picked value ran this very seed at the full budget: it is the seed run.
                 client.set_tag(tuning_run.info.run_id, P.FINAL, P.TRUE)
@@ -113,10 +128,34 @@ def run_child(manifest: dict, child: Child) -> int:
     beat = Heartbeat(client, run_id).start()
     try:
         # Tuning reads validation only; a tuning run is tested when the old rule may count it as a result.
-        counts = child.phase == "seed" or bool(proto["tune"] and proto["tune"]["reuse_seed_run"])
+        counts = (child.phase in (P.SEED_PHASE, P.SHARED_PHASE)
+                  or bool(proto["tune"] and proto["tune"]["reuse_seed_run"]))
         return _fit_and_test(manifest, fit_args(manifest, child, tune_value), client, run_id, test=counts)
     finally:
         beat.stop()
+
+
+def reuse_seed_run(client, experiment_id: str, sweep: str, child: Child, value: str) -> int:
+    """A variant that picked the baseline's value: its seed run at this seed already ran at that value, with this
+    seed's init and data order. Tag it as the variant's run at the baseline's value instead of training the same
+    run again (rerunning it would add only nondeterminism). It must be done: the local gate and the SLURM
+    dependency start this child after the seed runs."""
+    from lit.sweep.store import child_runs, outcome
+
+    runs = [r for r in child_runs(client, experiment_id, sweep)
+            if r.data.tags.get(P.VARIANT) == child.variant and r.data.tags.get(P.SEED) == str(child.seed)
+            and P.is_true(r.data.tags.get(P.FINAL)) and outcome(r) is not None]
+    if not runs:
+        sys.stderr.write(f"error: {child.key}: {child.variant} picked the baseline's value {value}, so its seed run "
+                         f"at seed {child.seed} is reused, and it has not finished; run it, then rerun this one\n")
+        return 1
+    run = max(runs, key=lambda r: r.info.start_time)
+    from mlflow.entities import RunTag
+
+    client.log_batch(run.info.run_id, tags=[RunTag(P.SHARED_VALUE, P.TRUE), RunTag(P.REUSED_AS, child.key)])
+    print(f"{child.key}: {child.variant} picked the baseline's value {value} too: its seed run {run.info.run_id} is "
+          "its run at the baseline's value (tagged, not trained again)")
+    return 0
 
 
 def claim(client, experiment_id: str, manifest: dict, child: Child, tune_value: str | None) -> str | None:
@@ -211,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m lit.sweep.child", description=main.__doc__.splitlines()[0])
     parser.add_argument("manifest")
-    parser.add_argument("phase", choices=["tune", "seed"])
+    parser.add_argument("phase", choices=[P.TUNE_PHASE, P.SEED_PHASE, P.SHARED_PHASE])
     parser.add_argument("index", type=int, help="the array index ($SLURM_ARRAY_TASK_ID)")
     a = parser.parse_args(argv)
     try:
@@ -223,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         client = MlflowClient(manifest["tracking_uri"])
         experiment_id = experiment_id_for(client, manifest["experiment"])
         runs = [r for r in child_runs(client, experiment_id, manifest["protocol"]["sweep_id"])
-                if r.data.tags.get(P.CHILD_KEY) == child.key]
+                if child.key in (r.data.tags.get(P.CHILD_KEY), r.data.tags.get(P.REUSED_AS))]
         if child.key in done_by_key(runs):
             print(f"{child.key}: already finished")
             return 0

@@ -79,6 +79,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reuse_tuning_run_as_seed", action="store_true",
                    help="the old rule: tune on the first evaluation seed at the full budget and count the picked "
                         "tuning run as that seed's result (slightly optimistic; recorded as tune.rule)")
+    p.add_argument("--shared_value", action="store_true",
+                   help="with --tune: also run every variant but the baseline on each evaluation seed at the "
+                        "baseline's tuned value, for a secondary comparison at a shared learning rate beside the "
+                        "primary one at each variant's own (a variant that picked the baseline's value reuses its "
+                        "seed runs); recorded in the protocol as shared_value")
     p.add_argument("--baseline", metavar="KEY=V", help="the variant the others are compared with (default: first)")
     p.add_argument("--metric", default="val/loss", help="the validation metric tuning picks by (default val/loss)")
     p.add_argument("--mode", choices=["min", "max"],
@@ -169,6 +174,7 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str],
     steps = option_value(fit_options, "trainer.max_steps") or (recipe.get("trainer") or {}).get("max_steps")
     steps = int(steps) if steps not in (None, -1, "-1") else None
     tuning = _tuning(a, seeds, base, steps, variants)
+    _check_shared_value(a, variants)
     equivalence = None
     labels = [v.label for v in variants]
     if a.equivalence_margin is not None:
@@ -190,6 +196,8 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str],
             "fit_args": fit_options, "steps": steps, "report_metric": a.report_metric}
     if a.random_numbers != "construction_order":  # absent: the rule of sweeps written before it, whose ids stand
         core["random_numbers"] = a.random_numbers
+    if a.shared_value:  # absent, not false, without it: the ids of sweeps written before it stand
+        core["shared_value"] = True
     rungs = ladder.plan(a, fit_options, str(recipe_path), variants, baseline, measure_fn)
     if rungs is not None:  # absent, not null, outside a ladder: the ids of sweeps written before ladders stand
         core["ladder"] = rungs
@@ -202,10 +210,28 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str],
     return proto, variants, tuning
 
 
+def _check_shared_value(a: argparse.Namespace, variants: list[Variant]) -> None:
+    """``--shared_value`` is refused, in one line, where it has no meaning or this sweep cannot keep it."""
+    if not a.shared_value:
+        return
+    if a.reuse_tuning_run_as_seed:
+        raise UserInputError("--shared_value with --reuse_tuning_run_as_seed: the old rule counts a tuning run as a "
+                             "seed result, and the runs at the baseline's value are built for the separate tuning "
+                             "seed; drop one of them")
+    if a.looks is not None:
+        raise UserInputError("--shared_value with --looks: a sequential sweep decides its looks on the primary "
+                             "comparison only and would leave the runs at the baseline's value unplanned; drop one "
+                             "of them")
+    if len(variants) < 2:
+        raise UserInputError("--shared_value needs a variant besides the baseline: it runs the other variants at "
+                             "the baseline's tuned value")
+
+
 def _tuning(a: argparse.Namespace, seeds: list[int], base: int, steps: int | None, variants) -> Tuning | None:
     if not a.tune:
         for option, given in (("--tune_steps", a.tune_steps is not None), ("--tune_seed", a.tune_seed is not None),
-                              ("--reuse_tuning_run_as_seed", a.reuse_tuning_run_as_seed)):
+                              ("--reuse_tuning_run_as_seed", a.reuse_tuning_run_as_seed),
+                              ("--shared_value", a.shared_value)):
             if given:
                 raise UserInputError(f"{option} needs --tune KEY=A,B,C")
         return None
@@ -331,7 +357,8 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
         proto = {**proto, "sweep_id": sweep_id({**core, "identity": hashed, "generation": generation})}
         proto["family"] = proto["family"] or proto["sweep_id"]
         parent, extended, stored_seeds = None, False, []
-    children = ladder.expand(build_children(variants, proto["seeds"], tuning), proto.get("ladder"))
+    shared_with = proto["baseline"] if proto.get("shared_value") else None
+    children = ladder.expand(build_children(variants, proto["seeds"], tuning, shared_with), proto.get("ladder"))
     # A sequential sweep first decides every look whose runs are done, then runs only the next look's seeds.
     look = looks.advance(client, experiment_id, parent, proto, children) if proto.get("sequential") else None
     if look is not None:
@@ -380,10 +407,13 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
         scripts.mkdir(parents=True, exist_ok=True)
         manifest_path.write_text(json.dumps(manifest, indent=1))
     n_variants, n_tune = len(proto["variants"]), sum(c.phase == "tune" for c in children)
+    n_shared = sum(c.phase == P.SHARED_PHASE for c in children)
     what = "new" if parent is None else (f"extended from {len(stored_seeds)} seeds" if extended else "resumed")
     print(f"sweep {proto['sweep_id']} ({what}): {n_variants} variants x {len(proto['seeds'])} seeds"
           + (f" x {len(proto['ladder']['rungs'])} rungs" if proto.get("ladder") else "")
-          + (f", {n_tune} tuning runs" if n_tune else "") + f"; parent run {parent_id} in experiment "
+          + (f", {n_tune} tuning runs" if n_tune else "")
+          + (f", {n_shared} runs at the baseline's tuned value" if n_shared else "")
+          + f"; parent run {parent_id} in experiment "
           f"{experiment!r} ({uri}); reports {proto['report_metric']}" + (look.describe() if look else ""),
           flush=True)
     for line in look.recorded if look else ():
@@ -448,7 +478,7 @@ def _warn_interim_look(client, parent_id: str, sweep: str, before: int, after: i
 
 
 CORE_FIELDS = ("recipe", "variants", "baseline", "seed_base", "metric", "mode", "tune", "fit_args", "steps",
-               "report_metric", "ladder", "random_numbers", "sequential")
+               "report_metric", "ladder", "random_numbers", "sequential", "shared_value")
 LAUNCHED = P.PREFIX + "launched"
 
 
@@ -487,16 +517,28 @@ def _run_local(a, manifest: dict, todo: list[Child], done: dict, live: dict, out
 
     log_dir, results = out / "logs", {}
     tune_keys: dict[str, list[str]] = {}
+    seed_keys: dict[tuple[str, int], str] = {}
     for c in manifest["children"]:
         if c["phase"] == "tune":
             tune_keys.setdefault(c["variant"], []).append(c["key"])
+        elif c["phase"] == P.SEED_PHASE:
+            seed_keys[(c["variant"], c["seed"])] = c["key"]
+    baseline = manifest["protocol"]["baseline"]
+
+    def needs(child: Child) -> list[str]:
+        """The runs a child reads in the store when it starts: its variant's tuning (a seed run's value); and for a
+        run at the baseline's value the baseline's tuning too, and its own variant's seed run at that seed (which
+        it reuses when both picked the same value)."""
+        if child.phase == P.SEED_PHASE:
+            return tune_keys.get(child.variant, [])
+        if child.phase == P.SHARED_PHASE:
+            own = seed_keys.get((child.variant, child.seed))
+            return tune_keys.get(child.variant, []) + tune_keys.get(baseline, []) + ([own] if own else [])
+        return []
 
     def gate(child: Child) -> str:
-        if child.phase != "seed":
-            return "ready"
-        codes = [0 if k in done else (OWNED_ELSEWHERE_EXIT if k in live else results.get(k))
-                 for k in tune_keys.get(child.variant, [])]
-        if any(code not in (None, 0, DIVERGED_EXIT) for code in codes):
+        codes = [0 if k in done else (OWNED_ELSEWHERE_EXIT if k in live else results.get(k)) for k in needs(child)]
+        if any(code not in (None, 0, DIVERGED_EXIT, ALL_DIVERGED_EXIT) for code in codes):
             return "blocked"
         return "wait" if None in codes else "ready"
 
@@ -513,7 +555,8 @@ def _run_local(a, manifest: dict, todo: list[Child], done: dict, live: dict, out
     outcomes = run_children(todo, lambda c: run_child(manifest, c), a.parallel, log_dir, gate, report, results,
                             tick=tick)
     diverged = [o for o in outcomes if o.code == DIVERGED_EXIT]
-    skipped = sorted({o.child.variant for o in outcomes if o.code == ALL_DIVERGED_EXIT})
+    skipped = sorted({o.child.variant for o in outcomes if o.code == ALL_DIVERGED_EXIT
+                      and o.child.phase == P.SEED_PHASE})
     if diverged:
         print(f"{len(diverged)} runs diverged (recorded as such, not rerun): "
               f"{', '.join(o.child.key for o in diverged)}")
@@ -521,7 +564,7 @@ def _run_local(a, manifest: dict, todo: list[Child], done: dict, live: dict, out
         print(f"variant {variant}: every tuning value diverged; its seeds were not run")
     failed = [o for o in outcomes if o.code not in (0, DIVERGED_EXIT, ALL_DIVERGED_EXIT)]
     for o in failed:
-        why = ("not started: its tuning did not finish here" if o.code == -1 else
+        why = ("not started: a run it waits for (its tuning, or its seed run) did not finish here" if o.code == -1 else
                "another process started it first" if o.code == OWNED_ELSEWHERE_EXIT else _error_line(o.log))
         print(f"failed: {o.child.key}: {why}", file=sys.stderr)
     user_errors = [o for o in failed if o.code == 2]

@@ -188,7 +188,7 @@ class Child:
 
     key: str  # unique within the sweep; a rerun of the sweep finds the child's runs by it
     variant: str
-    phase: str  # "tune" or "seed"
+    phase: str  # "tune", "seed", or "shared" (a seed run at the baseline's tuned value)
     seed: int
     seed_index: int
     overrides: dict[str, str]  # the variant's, plus the tuned value for tuning runs
@@ -201,9 +201,11 @@ class Child:
         return asdict(self)
 
 
-def build_children(variants: list[Variant], seeds: list[int], tuning: Tuning | None) -> list[Child]:
-    """Tuning runs of every variant first (their results gate the seeds), then the seed runs."""
-    tune_runs, seed_runs = [], []
+def build_children(variants: list[Variant], seeds: list[int], tuning: Tuning | None,
+                   shared_with: str | None = None) -> list[Child]:
+    """Tuning runs of every variant first (their results gate the seeds), then the seed runs; with ``shared_with``
+    (the baseline's label, ``--shared_value``), then every other variant's seeds at the baseline's tuned value."""
+    tune_runs, seed_runs, shared_runs = [], [], []
     for v in variants:
         if tuning is not None:
             for value in tuning.values:
@@ -213,7 +215,9 @@ def build_children(variants: list[Variant], seeds: list[int], tuning: Tuning | N
             reuse = tuning is not None and tuning.reuse_seed_run and seed == tuning.seed
             seed_runs.append(Child(f"{v.label}|seed|{seed}", v.label, "seed", seed, i, dict(v.overrides),
                                    reuse=reuse))
-    return tune_runs + seed_runs
+            if shared_with is not None and v.label != shared_with:
+                shared_runs.append(Child(f"{v.label}|shared|{seed}", v.label, "shared", seed, i, dict(v.overrides)))
+    return tune_runs + seed_runs + shared_runs
 
 
 def sweep_id(core: dict) -> str:

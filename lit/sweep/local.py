@@ -107,7 +107,7 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
                 if gate(ready) == "blocked":
                     outcomes.append(Outcome(ready, -1, 0.0, None))
                     results[ready.key] = -1
-                    report(f"skip {ready.key}: its tuning runs did not all finish")
+                    report(f"skip {ready.key}: the runs it waits for did not all finish")
                     continue
                 log = log_dir / (ready.key.replace("|", "__").replace("/", "_").replace("=", "-") + ".log")
                 pid = _fork(lambda c=ready: run(c), threads, log)

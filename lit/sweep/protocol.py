@@ -14,7 +14,7 @@ Parent run (one per sweep, in the sweep's experiment)
 
 Child run (one per (variant, seed), plus the tuning runs); ``mlflow.parentRunId`` is the parent
     tags     ``ROLE = "child"``, ``SWEEP_ID``, ``VARIANT`` (label), ``SEED`` (the seed value),
-             ``SEED_INDEX``, ``PHASE`` ("tune" or "seed"), ``CHILD_KEY`` (unique within the sweep),
+             ``SEED_INDEX``, ``PHASE`` ("tune", "seed", or "shared" below), ``CHILD_KEY`` (unique within the sweep),
              ``TUNE_KEY`` and ``TUNE_VALUE`` (when tuning: the tuned key and this run's value),
              ``FINAL = "true"`` on the runs that count as the variant's seed runs (seed-phase runs, and a
              tuning run reused as seed 0 once its value was picked)
@@ -73,6 +73,18 @@ sweep's course is a history under the parent run that is never rewritten (``lit/
     ``extensions/extension_<j>.json``  one per ``--add_seeds`` outside a sequential plan: ``{"index", "from_seeds",
                                    "to_seeds", "meaning", "recorded_at"}``
 A look's child runs are ordinary seed runs; a comparison settled at look k has runs of the first n_k seeds only.
+
+Shared-value sweeps (``--shared_value``, only with ``--tune``) add the protocol field ``"shared_value": true`` (part
+of what identifies the sweep; absent, not false, in a sweep without it, whose id stands). Each variant but the
+baseline then also runs every evaluation seed at the *baseline's* picked tuning value, for a secondary comparison
+at a shared learning rate (``lit/compare/shared_value.py``); the primary comparison stays the one at each variant's
+own tuned value. Those children have ``PHASE = "shared"``, ``TUNE_VALUE`` the baseline's pick (looked up in the
+store when the run starts, as a seed run's is), and ``SHARED_VALUE = "true"``; never ``FINAL``. A variant whose own
+pick equals the baseline's trains nothing more: its seed run at that seed already is the run at the baseline's
+value, and gets ``SHARED_VALUE = "true"`` beside its ``FINAL`` (and ``REUSED_AS``, the shared child's key, so a
+resumed sweep counts that child done). compare counts as a variant's shared-value runs those tagged
+``SHARED_VALUE`` (finished or diverged, the latest per seed), paired with the baseline's final runs.
+A variant diverged at every tuning value has no shared-value run either.
 """
 
 from __future__ import annotations
@@ -95,6 +107,8 @@ RUNG_SIZE = PREFIX + "rung_size"
 RUNG_TOKENS = PREFIX + "rung_tokens"
 RUNG_COMPUTE = PREFIX + "rung_compute"
 LR_CHECK_VALUE = PREFIX + "lr_check_value"
+SHARED_VALUE = PREFIX + "shared_value"  # "true" on the runs that count as a variant's run at the baseline's value
+REUSED_AS = PREFIX + "reused_as"  # on a seed run reused as a shared-value child: that child's key (it is done too)
 PARENT_RUN = "mlflow.parentRunId"
 
 PROTOCOL_FILE = "protocol.json"
@@ -108,7 +122,7 @@ FLOPS_PER_ITEM_METRICS = ("model/flops_per_token", "model/flops_per_image")
 
 
 PARENT, CHILD = "parent", "child"  # values of ROLE
-TUNE_PHASE, SEED_PHASE = "tune", "seed"  # values of PHASE
+TUNE_PHASE, SEED_PHASE, SHARED_PHASE = "tune", "seed", "shared"  # values of PHASE
 TRUE = "true"  # the value of FINAL
 FINISHED_OUTCOME, DIVERGED_OUTCOME = "finished", "diverged"  # values of OUTCOME
 

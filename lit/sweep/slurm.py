@@ -3,7 +3,9 @@
 One array task per child run, each ``python -m lit.sweep.child MANIFEST PHASE $SLURM_ARRAY_TASK_ID``,
 all logging into the sweep's tracking store (use a tracking server, or sqlite on a shared filesystem).
 With tuning there are two arrays: the seed array starts after the whole tuning array succeeded
-(``--dependency=afterok``), and each seed task reads its variant's tuned value from the store.
+(``--dependency=afterok``), and each seed task reads its variant's tuned value from the store. With
+``--shared_value`` a third array, the runs at the baseline's tuned value, starts after the seed array succeeded:
+a variant that picked the baseline's value reuses its seed run, which must be done by then.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ def array_script(manifest_path: Path, phase: str, count: int, out: Path, sbatch:
 
 
 def write_scripts(manifest: dict, manifest_path: Path, out: Path, sbatch: list[str]) -> Path:
-    """Write ``tune.sbatch`` (if tuning), ``seeds.sbatch`` and ``submit.sh``; returns submit.sh's path."""
+    """Write ``tune.sbatch`` (if tuning), ``seeds.sbatch``, ``shared.sbatch`` (with ``--shared_value``) and
+    ``submit.sh``; returns submit.sh's path."""
     (out / "logs").mkdir(parents=True, exist_ok=True)
     name = f"sweep-{manifest['protocol']['sweep_id'][:8]}"
     submit = ["#!/bin/bash", "# Submit the sweep's job arrays (the seeds wait for the tuning runs).",
@@ -39,7 +42,15 @@ def write_scripts(manifest: dict, manifest_path: Path, out: Path, sbatch: list[s
         submit.append(f"tune=$(sbatch --parsable {shlex.quote(str(out / 'tune.sbatch'))})")
         dependency = '--dependency=afterok:"${tune%%;*}" '
     (out / "seeds.sbatch").write_text(array_script(manifest_path, "seed", len(seeds), out, sbatch, f"{name}-seeds"))
-    submit.append(f"sbatch {dependency}{shlex.quote(str(out / 'seeds.sbatch'))}")
+    shared = children_of(manifest, "shared")
+    if not shared:
+        submit.append(f"sbatch {dependency}{shlex.quote(str(out / 'seeds.sbatch'))}")
+    else:
+        (out / "shared.sbatch").write_text(array_script(manifest_path, "shared", len(shared), out, sbatch,
+                                                        f"{name}-shared"))
+        submit.append("# The runs at the baseline's tuned value wait for the seeds (a variant may reuse its own).")
+        submit.append(f"seeds=$(sbatch --parsable {dependency}{shlex.quote(str(out / 'seeds.sbatch'))})")
+        submit.append(f'sbatch --dependency=afterok:"${{seeds%%;*}}" {shlex.quote(str(out / "shared.sbatch"))}')
     path = out / "submit.sh"
     path.write_text("\n".join(submit) + "\n")
     return path

@@ -115,6 +115,8 @@ def done_by_key(runs: list[Run]) -> dict[str, Run]:
     for run in sorted(runs, key=lambda r: r.info.start_time):
         if outcome(run) is not None:
             done[run.data.tags.get(P.CHILD_KEY, "")] = run
+            if P.REUSED_AS in run.data.tags:  # a seed run that is also its variant's run at the baseline's value
+                done[run.data.tags[P.REUSED_AS]] = run
     return done
 
 
