@@ -186,6 +186,20 @@ def test_orthogonalising_the_fused_block_whole_is_a_different_optimizer():
     assert (fused.layers[0].weight - whole).abs().max() > 1e-3
 
 
+def test_our_newton_schulz_is_torch_s_where_torch_has_one():
+    from arch_plugins.optimizers.newton_schulz import orthogonalize
+
+    torch_muon = pytest.importorskip("torch.optim._muon")
+    generator = torch.Generator().manual_seed(0)
+    for shape in ((8, 8), (16, 4), (4, 16)):
+        g = torch.randn(*shape, generator=generator)
+        ours = orthogonalize(g)
+        theirs = torch_muon._zeropower_via_newtonschulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7)
+        assert ours.dtype == torch.bfloat16 and torch.equal(ours, theirs)
+    with pytest.raises(ValueError, match="matrix"):
+        orthogonalize(torch.randn(3, 3, 3))
+
+
 # --- muon: routing --------------------------------------------------------------------------------------------------
 
 def test_muon_routes_hidden_matrices_only_and_what_the_recipe_says():

@@ -5,7 +5,8 @@ semi-orthogonal matrix (five quintic Newton-Schulz steps in bf16) before the ste
 dimensions grow with width qualify: an embedding or a head is 2-D too but must stay on AdamW (the shape alone
 cannot tell them apart, and misrouting them degrades training silently), and so do vectors and scalars.
 
-The update of one matrix is ``torch.optim.Muon``'s, computed with its own Newton-Schulz routine: momentum in
+The update of one matrix is ``torch.optim.Muon``'s, computed with the same Newton-Schulz routine (kept in
+``newton_schulz.py``, as torch's is private to recent releases): momentum in
 lerp form (Nesterov by default), decoupled weight decay ``p *= 1 - lr * wd`` at the unadjusted learning rate,
 and the step ``-adjusted_lr * orthogonalised(update)``. A fused matrix (q|k|v, value|gate) is orthogonalised
 per logical matrix, each with its own shape's adjustment, as if the parts were separate parameters:
@@ -30,10 +31,10 @@ import math
 
 import torch
 from torch import nn
-from torch.optim._muon import _zeropower_via_newtonschulz
 
 from arch_plugins.declarations import ParameterRole, UndeclaredRoleError, parameter_roles
 from arch_plugins.interfaces import Kind, OptimizerType
+from arch_plugins.optimizers.newton_schulz import orthogonalize
 from arch_plugins.optimizers.routing import (
     check_betas,
     check_multipliers,
@@ -49,7 +50,6 @@ ADJUST_LR = {
     "match_rms_adamw": lambda rows, cols: 0.2 * math.sqrt(max(rows, cols)),
     "spectral": lambda rows, cols: math.sqrt(rows / cols),
 }
-NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 
 
 def is_sharded(param: torch.Tensor) -> bool:
@@ -100,8 +100,8 @@ class MuonWithAdamW(torch.optim.AdamW):
             buf = state["momentum_buffer"]
             buf.lerp_(grad, 1 - momentum)
             update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-            parts = [(start, stop, _zeropower_via_newtonschulz(update[start:stop], NS_COEFFICIENTS,
-                                                                group["ns_steps"], 1e-7)) for start, stop in slices]
+            parts = [(start, stop, orthogonalize(update[start:stop], steps=group["ns_steps"]))
+                     for start, stop in slices]
             param.mul_(1 - lr * wd)
             for start, stop, orthogonal in parts:
                 param[start:stop].add_(orthogonal, alpha=-lr * adjust(stop - start, param.shape[1]))
