@@ -65,3 +65,4 @@ def test_the_report_prints_it_beside_the_seed_only_interval(report, tmp_path, mo
     low, high = two_way_interval(d, level)
     assert row["CI, seeds × test examples"] == f"[{low:+.3f}, {high:+.3f}]"
     assert "Verdicts rest on the seed-only tests" in markdown
+    assert f"Each run was scored on {EXAMPLES} test examples" in markdown

@@ -166,6 +166,7 @@ class Analysis:
     bounded: bool  # the metric is a proportion in [0, 1]: logit intervals, collapses shown
     equivalence_margin: float | None = None
     curve_metric: str = ""  # what the curves and steps to target read (``curve_metric``); "" means ``metric``
+    examples_per_run: tuple[int, ...] = ()  # the test examples each run was scored on (its per-example artifact)
     sequential: SequentialResult | None = None  # a sequential sweep's looks, replayed (lit/compare/sequential.py)
     sequential_notes: tuple[str, ...] = ()  # what the report must say about them
     shared_value: SharedValue | None = None  # --shared_value: the secondary comparison (lit/compare/shared_value.py)
@@ -283,7 +284,8 @@ def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, 
         depth=depth_profile(sweep, finished), without_metric=int((sweep.runs["outcome"] ==
                                                                    protocol.FINISHED_OUTCOME).sum()) - len(finished),
         family=family, bounded=bounded, equivalence_margin=equivalence[0] if equivalence else None,
-        curve_metric=along, sequential=looks, sequential_notes=tuple(look_notes), shared_value=shared)
+        curve_metric=along, sequential=looks, sequential_notes=tuple(look_notes), shared_value=shared,
+        examples_per_run=tuple(sorted({len(v) for v in (sweep.examples or {}).values()})))
 
 
 def curve_metric(spec: dict, metric: str, history: dict[str, pd.DataFrame]) -> str:

@@ -139,9 +139,19 @@ def _metric_source(a: Analysis) -> str:
     if spec.get("report_metric"):
         return (f"the sweep reports `{spec['report_metric']}` and tuned by `{spec.get('metric')}`."
                 if a.metric == spec["report_metric"] else
-                f"chosen with --metric (the sweep reports `{spec['report_metric']}`).")
+                f"chosen with --metric (the sweep reports `{spec['report_metric']}`).") + _examples_note(a)
     return ("this sweep predates a separate report metric: the value reported is the one tuning picked by, on "
             "the same data." if spec.get("tune") and a.metric == spec.get("metric") else "")
+
+
+def _examples_note(a: Analysis) -> str:
+    sizes = a.examples_per_run
+    if len(sizes) == 1:
+        return f" Each run was scored on {sizes[0]:,} test examples (its `test_examples.npz`)."
+    if sizes:
+        return (f" **The runs were scored on different numbers of test examples ({', '.join(f'{n:,}' for n in sizes)})"
+                "**: a `--trainer.limit_test_batches` or another split; their values are not comparable.")
+    return ""
 
 
 def _tuning(a: Analysis) -> str:
