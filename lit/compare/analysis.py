@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -23,9 +22,6 @@ from lit.errors import UserInputError
 from lit.sweep import protocol
 from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
 from lit.tracking.names import STREAM_RMS_PREFIX, SUBLAYER
-
-if TYPE_CHECKING:
-    from lit.compare.shared_value import SharedValue
 
 NEEDS_SEEDS = "needs ≥2 seeds for an interval"
 NEEDS_PAIRS = "needs ≥2 paired seeds for a test"
@@ -144,6 +140,21 @@ class Family:
     sweeps: tuple[str, ...]  # sweep ids whose comparisons are in the family (this one first)
     size: int  # tested comparisons in the family (m)
     declared: bool  # named in the protocol (else: one family per sweep, by default)
+
+
+@dataclass(frozen=True)
+class SharedValue:
+    """The secondary comparison: per variant, its runs at the baseline's tuned value against the baseline's."""
+
+    key: str  # the tuned key, as a label shows it ("lr")
+    value: str | None  # the baseline's tuned value: what every run here ran with
+    comparisons: tuple[Comparison, ...]  # as the primary ones, over the runs at the baseline's value
+    family: Family | None  # Holm over these comparisons alone
+    own_value: dict[str, str | None]  # label -> the variant's own tuned value (its primary runs')
+    reused: dict[str, int]  # label -> runs here that are its seed runs (it picked the baseline's value itself)
+    primary_sd: dict[str, float | None]  # label -> std of the paired differences at its own value (the primary's)
+    missing: tuple[str, ...] = ()  # variants with no counted run at the baseline's value
+    note: str | None = None  # why nothing is compared
 
 
 @dataclass(frozen=True)
@@ -273,9 +284,6 @@ def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, 
                                                          baseline, metric)
     half_widths = [c.paired.summary.half_width for c in comparisons
                    if c.paired.summary is not None and c.paired.summary.half_width]
-    from lit.compare.shared_value import analyze_shared  # it builds on this module: imported late
-
-    shared = analyze_shared(sweep, variants, base, confidence, mode, comparisons)
     return Analysis(
         sweep=sweep, metric=metric, mode=mode, mode_source=mode_source, confidence=confidence, baseline=baseline,
         variants=variants, comparisons=comparisons, target=base.summary.mean,
@@ -284,7 +292,7 @@ def analyze(sweep: Sweep, metric: str, baseline: str | None, confidence: float, 
         depth=depth_profile(sweep, finished), without_metric=int((sweep.runs["outcome"] ==
                                                                    protocol.FINISHED_OUTCOME).sum()) - len(finished),
         family=family, bounded=bounded, equivalence_margin=equivalence[0] if equivalence else None,
-        curve_metric=along, sequential=looks, sequential_notes=tuple(look_notes), shared_value=shared,
+        curve_metric=along, sequential=looks, sequential_notes=tuple(look_notes),
         examples_per_run=tuple(sorted({len(v) for v in (sweep.examples or {}).values()})))
 
 

@@ -18,6 +18,8 @@ from lit.compare.analysis import Analysis, analyze, family_name, tested_p_values
 from lit.compare.plots import draw_all
 from lit.compare.report import render, render_plan
 from lit.compare.runs import Sweep, connect, family_parents, find_parent, load_sweep
+from lit.compare.shared_value import analyze_shared
+from lit.compare.shared_value import render as render_shared
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.sweep import protocol
 from lit.tracking.ui import where_to_look
@@ -165,7 +167,8 @@ def compare(args: argparse.Namespace) -> int:
     sweep = load_sweep(client, parent, args.metric)
     equivalence = parity_claims(args, sweep.protocol)
     others = {} if args.no_family else family_tests(client, parent, sweep, args)
-    analysis = analyze(sweep, sweep.metric, args.baseline, args.confidence, args.mode, equivalence, others)
+    analysis = analyze_shared(analyze(sweep, sweep.metric, args.baseline, args.confidence, args.mode, equivalence,
+                                      others))
     if args.plan:
         sys.stdout.write(render_plan(analysis, args.effect))
         return 0
@@ -174,7 +177,7 @@ def compare(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("compare") / sweep.sweep_id[:8]
     out.mkdir(parents=True, exist_ok=True)
     figures = draw_all(analysis, out)
-    markdown = render(analysis, figures)
+    markdown = render(analysis, figures, render_shared(analysis))
     return write_report(client, sweep.parent_id, out, markdown, figures)
 
 

@@ -35,17 +35,16 @@ def value_decimals(analysis: Analysis) -> int:
     return min(8, max(2, 1 - math.floor(math.log10(min(spreads)))))
 
 
-def render(analysis: Analysis, figures: list[str]) -> str:
-    """The whole report; ``figures`` are the file names ``plots.draw_all`` wrote beside it."""
+def render(analysis: Analysis, figures: list[str], secondary: str | None = None) -> str:
+    """The whole report; ``figures`` are the file names ``plots.draw_all`` wrote beside it; ``secondary`` a section
+    built above this module (``shared_value.render``), placed after the primary comparison."""
     d = value_decimals(analysis)
     sections = [_header(analysis), _variants(analysis, d), _against_baseline(analysis, d), _targets(analysis)]
     if analysis.sequential is not None or analysis.sequential_notes:  # decided look by look: say how
         sections.insert(3, sequential_report.render(analysis.sequential, list(analysis.sequential_notes))
                         if analysis.sequential is not None else "\n\n".join(analysis.sequential_notes))
-    if analysis.shared_value is not None:  # --shared_value: the secondary comparison, after the primary one
-        from lit.compare.shared_value import render as render_shared
-
-        sections.insert(len(sections) - 1, render_shared(analysis, d))
+    if secondary is not None:  # --shared_value: the secondary comparison, after the primary one
+        sections.insert(len(sections) - 1, secondary)
     if analysis.depth is not None and DEPTH in figures:
         sections.append("## Depth profile\n\nRMS of the residual stream after each sublayer "
                         "(`diag/stream_rms/*`), mean over seeds, at the first and the last step the runs logged "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from lit.compare import stats
 from lit.errors import UserInputError
 from lit.sweep import protocol
 from lit.sweep.store import search_all_runs
@@ -207,9 +208,19 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
 
 def _shared(client: MlflowClient, spec: dict, children: list[Run], metric: str) -> pd.DataFrame | None:
     """A ``--shared_value`` sweep's runs at the baseline's value (None for any other sweep)."""
-    from lit.compare.shared_value import load_runs
+    return shared_value_runs(client, children, metric) if spec.get("shared_value") else None
 
-    return load_runs(client, children, metric) if spec.get("shared_value") else None
+
+def shared_value_runs(client: MlflowClient, children: list[Run], metric: str) -> pd.DataFrame:
+    """One row per counted run at the baseline's value (tagged ``SHARED_VALUE``; FINISHED, or diverged: an outcome),
+    the latest per (variant, seed), with ``value``: its final ``metric`` (NaN when diverged or never logged)."""
+    tagged = [r for r in children if protocol.is_true(r.data.tags.get(protocol.SHARED_VALUE))
+              and (r.info.status == "FINISHED" or is_diverged(r))]
+    table = _runs_table(tagged).drop_duplicates(["variant", "seed"], keep="last")
+    finished = table[table["outcome"] == protocol.FINISHED_OUTCOME]
+    history = read_histories(client, {run_id: [metric] for run_id in finished["run_id"]})
+    finals = {run_id: stats.final_value(points) for run_id, points in history.groupby("run_id")}
+    return table.assign(value=table["run_id"].map(finals).astype(float)).reset_index(drop=True)
 
 
 def _examples(client: MlflowClient, metric: str, run_ids: set[str]) -> dict[str, Any]:

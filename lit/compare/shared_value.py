@@ -13,67 +13,32 @@ Which runs count is written in ``lit/sweep/protocol.py``: those tagged ``SHARED_
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 import pandas as pd
 
+from lit.compare import report as R
 from lit.compare import stats
+from lit.compare.analysis import Analysis, SharedValue, compare_to_baseline
 from lit.sweep import protocol
 from lit.sweep.grid import short_key
-
-if TYPE_CHECKING:
-    from mlflow import MlflowClient
-    from mlflow.entities import Run
-
-    from lit.compare.analysis import Analysis, Comparison, Family, VariantResult
-    from lit.compare.runs import Sweep
 
 NO_RUN = "no counted run at the baseline's value yet"
 
 
-@dataclass(frozen=True)
-class SharedValue:
-    """The secondary comparison: per variant, its runs at the baseline's tuned value against the baseline's."""
-
-    key: str  # the tuned key, as a label shows it ("lr")
-    value: str | None  # the baseline's tuned value: what every run here ran with
-    comparisons: tuple[Comparison, ...]  # as the primary ones, over the runs at the baseline's value
-    family: Family | None  # Holm over these comparisons alone
-    own_value: dict[str, str | None]  # label -> the variant's own tuned value (its primary runs')
-    reused: dict[str, int]  # label -> runs here that are its seed runs (it picked the baseline's value itself)
-    primary_sd: dict[str, float | None]  # label -> std of the paired differences at its own value (the primary's)
-    missing: tuple[str, ...] = ()  # variants with no counted run at the baseline's value
-    note: str | None = None  # why nothing is compared
-
-
-def load_runs(client: MlflowClient, children: list[Run], metric: str) -> pd.DataFrame:
-    """One row per counted run at the baseline's value (tagged ``SHARED_VALUE``; FINISHED, or diverged: an outcome),
-    the latest per (variant, seed), with ``value``: its final ``metric`` (NaN when diverged or never logged)."""
-    from lit.compare.runs import _runs_table, is_diverged, read_histories  # runs.py calls this: imported late
-
-    tagged = [r for r in children if protocol.is_true(r.data.tags.get(protocol.SHARED_VALUE))
-              and (r.info.status == "FINISHED" or is_diverged(r))]
-    table = _runs_table(tagged).drop_duplicates(["variant", "seed"], keep="last")
-    finished = table[table["outcome"] == protocol.FINISHED_OUTCOME]
-    history = read_histories(client, {run_id: [metric] for run_id in finished["run_id"]})
-    finals = {run_id: stats.final_value(points) for run_id, points in history.groupby("run_id")}
-    return table.assign(value=table["run_id"].map(finals).astype(float)).reset_index(drop=True)
-
-
-def analyze_shared(sweep: Sweep, variants: list[VariantResult], base: VariantResult, confidence: float, mode: str,
-                   primary: list[Comparison]) -> SharedValue | None:
-    """The secondary comparison of a sweep that ran ``--shared_value`` (None for any other sweep)."""
-    from lit.compare.analysis import compare_to_baseline
-
+def analyze_shared(a: Analysis) -> Analysis:
+    """``a`` with its secondary comparison (``shared_value``) when its sweep ran ``--shared_value``; else ``a``."""
+    sweep, confidence, mode = a.sweep, a.confidence, a.mode
+    variants, primary = a.variants, a.comparisons
+    base = next(v for v in variants if v.label == a.baseline)
     if not sweep.protocol.get("shared_value") or sweep.shared is None:
-        return None
+        return a
     key = short_key(str((sweep.protocol.get("tune") or {}).get("key") or "tuned value"))
     own = {v.label: v.tuned for v in variants if v.label != base.label}
     if base.label != sweep.protocol.get("baseline"):
-        return SharedValue(key, None, (), None, own, {}, {}, note=(
+        return replace(a, shared_value=SharedValue(key, None, (), None, own, {}, {}, note=(
             f"The runs at the baseline's value ran at `{sweep.protocol.get('baseline')}`'s tuned {key}; against "
-            f"`{base.label}` (--baseline) they answer no question, so they are not compared."))
+            f"`{base.label}` (--baseline) they answer no question, so they are not compared.")))
     runs = sweep.shared
     final_ids = set(sweep.runs["run_id"])
     at_shared = []
@@ -92,18 +57,19 @@ def analyze_shared(sweep: Sweep, variants: list[VariantResult], base: VariantRes
     comparisons, family = compare_to_baseline(at_shared, base, confidence, mode, None, {}, sweep)
     family = replace(family, name=f"{family.name}, at the baseline's value", declared=False)
     compared = {c.label for c in comparisons}
-    return SharedValue(
+    return replace(a, shared_value=SharedValue(
         key=key, value=base.tuned, comparisons=tuple(comparisons), family=family, own_value=own,
         reused={label: int(((runs["variant"] == label) & runs["run_id"].isin(final_ids)).sum()) for label in own},
         primary_sd={c.label: c.paired.summary.std if c.paired.summary is not None else None for c in primary},
-        missing=tuple(label for label in own if label not in compared))
+        missing=tuple(label for label in own if label not in compared)))
 
 
-def render(a: Analysis, d: int) -> str:
-    """The report's section on the secondary comparison, after the primary one."""
-    from lit.compare import report as R  # report.py calls this: imported late
-
+def render(a: Analysis) -> str | None:
+    """The report's section on the secondary comparison (None without one), placed after the primary one."""
     s = a.shared_value
+    if s is None:
+        return None
+    d = R.value_decimals(a)
     title = f"## At the baseline's {s.key} (secondary)"
     if s.note is not None:
         return f"{title}\n\n{s.note}"

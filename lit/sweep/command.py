@@ -37,6 +37,7 @@ from lit.sweep.grid import (
     sweep_id,
 )
 from lit.sweep.identity import changes, identity
+from lit.tracking.ui import where_to_look
 
 EPILOG = """\
 Each run is `cli.py fit --config RECIPE [variant] [fit options] --seed_everything=S --data.seed=S`: seed S is
@@ -422,6 +423,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
         client.set_terminated(parent_id, status="FINISHED")
         print(f"report: python cli.py compare --experiment {experiment}"
               + (f" --tracking_uri {uri}" if a.tracking_uri else ""))
+        print(f"sweep {where_to_look(uri, experiment_id, parent_id)}")
         return 0
     if a.launch == "slurm":
         from lit.sweep.slurm import write_scripts
@@ -431,6 +433,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
         client.set_terminated(parent_id, status="FINISHED")  # the launch is done; each child has its own status
         print(f"wrote {manifest_path} and the job arrays; submit with: bash {submit}"
               + (f"; once they have run, rerun this command to decide look {look.look}" if look else ""))
+        print(f"sweep {where_to_look(uri, experiment_id, parent_id)}")
         return 0
     if stale:
         print(f"{stale} runs left unfinished by an interrupted sweep were marked KILLED and run again", flush=True)
@@ -462,6 +465,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     if code == 0:
         print(f"all runs finished; report: python cli.py compare --experiment {experiment}"
               + (f" --tracking_uri {uri}" if a.tracking_uri else ""))
+    print(f"sweep {where_to_look(uri, experiment_id, parent_id)}")
     return code
 
 
