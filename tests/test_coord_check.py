@@ -46,7 +46,7 @@ def worst(check) -> float:
     return max(abs(s) for s in check.slopes().values())
 
 
-MUP = {"base_width": 32, "readout_zero_init": True}
+MUP = {"base_width": 32, "base_heads": 2, "readout_zero_init": True}
 COMPLETEP = {**MUP, "base_depth": 2}
 
 

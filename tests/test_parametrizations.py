@@ -33,6 +33,9 @@ LR, WD = 1e-2, 0.1
 
 
 def gpt(parametrization: str = "sp", d: int = 64, layers: int = 2, **options) -> GPT:
+    """Two heads at every width; a base width comes with its base head count (widened at a fixed head count)."""
+    if "base_width" in options and "base_head_dim" not in options:
+        options.setdefault("base_heads", 2)
     torch.manual_seed(0)
     return GPT(65, 16, TransformerConfig(d_model=d, n_layers=layers, n_heads=2, parametrization=parametrization,
                                          parametrization_options=options))
@@ -112,6 +115,42 @@ def test_mup_rules_by_role():
     assert model.readout_multiplier == pytest.approx(1 / m_d)
 
 
+def attention_scale(model: GPT) -> float:
+    """The softmax temperature the first block applies (1/sqrt(head_dim) when no multiplier is set)."""
+    attn = model.stack.blocks[0].attn
+    return attn.scale if attn.scale is not None else 1 / math.sqrt(model.stack.info.head_dim)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256, 512])
+def test_mup_attention_scale_at_a_fixed_head_dim_is_the_base_models(d):
+    """Widening by adding heads at head_dim 32 keeps the base's 1/sqrt(32) = 0.177 (review D1: it fell to 0.0625)."""
+    torch.manual_seed(0)
+    model = GPT(65, 16, TransformerConfig(d_model=d, n_layers=1, n_heads=d // 32, parametrization="mup",
+                                          parametrization_options={"base_width": 64, "base_head_dim": 32}))
+    assert attention_scale(model) == pytest.approx(1 / math.sqrt(32))
+    torch.manual_seed(0)
+    heads = GPT(65, 16, TransformerConfig(d_model=d, n_layers=1, n_heads=d // 32, parametrization="mup",
+                                          parametrization_options={"base_width": 64, "base_heads": 2}))
+    assert attention_scale(heads) == pytest.approx(1 / math.sqrt(32))
+
+
+@pytest.mark.parametrize("d", [64, 128, 512])
+def test_mup_attention_scale_at_a_fixed_head_count_follows_one_over_head_dim(d):
+    model = gpt("mup", d=d, base_width=64, base_heads=2)
+    assert attention_scale(model) == pytest.approx(math.sqrt(32) / (d // 2))
+
+
+def test_mup_base_width_without_a_base_head_size_is_refused_in_one_line():
+    with pytest.raises(registry.PluginError, match="needs the base model.s head size") as info:
+        GPT(65, 16, TransformerConfig(d_model=64, n_layers=1, n_heads=2, parametrization="mup",
+                                      parametrization_options={"base_width": 32}))
+    assert "\n" not in str(info.value)
+    with pytest.raises(registry.PluginError, match="not both"):
+        GPT(65, 16, TransformerConfig(d_model=64, n_layers=1, n_heads=2, parametrization="mup",
+                                      parametrization_options={"base_width": 32, "base_head_dim": 16,
+                                                               "base_heads": 2}))
+
+
 def test_mup_at_its_base_width_is_sp_but_for_nothing():
     """At the base shape every multiplier is 1: the model is SP's (the same init, the same groups)."""
     sp, mup = gpt("sp", d=64), gpt("mup", d=64, base_width=64)
@@ -181,7 +220,7 @@ def test_completep_branch_multiplier_scales_what_the_merge_adds():
 
 def test_vit_takes_a_parametrization():
     arch = dataclasses.replace(VIT_ARCH, d_model=64, n_layers=2, n_heads=2, parametrization="completep",
-                               parametrization_options={"base_width": 32, "base_depth": 1})
+                               parametrization_options={"base_width": 32, "base_depth": 1, "base_heads": 2})
     vit = ViT(10, 8, 4, 1, arch)
     assert vit(torch.randn(2, 1, 8, 8)).shape == (2, 10)
     optimizer = adamw(vit, LR, WD, (0.9, 0.95))
@@ -194,7 +233,8 @@ def test_vit_takes_a_parametrization():
 def test_hypersphere_is_refused_in_one_line(name):
     with pytest.raises(ArchitectureError, match="unit sphere") as info:
         GPT(65, 16, TransformerConfig(d_model=32, n_layers=2, n_heads=2, norm="hypersphere", residual="ngpt",
-                                      parametrization=name, parametrization_options={"base_width": 16}))
+                                      parametrization=name,
+                                      parametrization_options={"base_width": 16, "base_heads": 2}))
     assert "\n" not in str(info.value)
 
 
@@ -203,7 +243,7 @@ def test_hypersphere_is_refused_in_one_line(name):
 def test_completep_composes_with_norms_and_residuals(norm, residual):
     model = GPT(65, 16, TransformerConfig(d_model=32, n_layers=2, n_heads=2, norm=norm, residual=residual,
                                           parametrization="completep",
-                                          parametrization_options={"base_width": 16, "base_depth": 1}))
+                                          parametrization_options={"base_width": 16, "base_depth": 1, "base_heads": 2}))
     logits = model(torch.zeros(1, 8, dtype=torch.long))
     logits.float().mean().backward()
     assert torch.isfinite(logits).all()

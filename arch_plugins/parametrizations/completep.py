@@ -43,8 +43,9 @@ class CompleteP(MuP):
 
     def __init__(self, base_width: int | None = None, base_depth: int | None = None, alpha: float = 1.0,
                  base_head_dim: int | None = None, output_multiplier: float = 1.0, readout_zero_init: bool = False,
-                 query_zero_init: bool = False, without: list[str] | None = None):
-        super().__init__(base_width, base_head_dim, output_multiplier, readout_zero_init, query_zero_init, without)
+                 query_zero_init: bool = False, without: list[str] | None = None, base_heads: int | None = None):
+        super().__init__(base_width, base_head_dim, output_multiplier, readout_zero_init, query_zero_init, without,
+                         base_heads)
         positive("base_depth", base_depth)
         if not 0 <= alpha <= 2:
             raise ValueError(f"alpha must be in [0, 2] (1: CompleteP, 0.5: depth-muP), got {alpha!r}")

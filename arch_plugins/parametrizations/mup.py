@@ -22,7 +22,7 @@ import math
 
 from arch_plugins.declarations import OptimizerScale
 from arch_plugins.interfaces import Kind, NormStrategy, Parametrization, ProjectionType, ResidualType, Role, StackInfo
-from arch_plugins.parametrizations.base_shape import known_rules, positive, width_multiplier
+from arch_plugins.parametrizations.base_shape import base_shape_head_dim, known_rules, positive, width_multiplier
 
 MUP_RULES = ("hidden_init", "hidden_lr", "output_multiplier", "attention_scale")
 
@@ -36,8 +36,10 @@ class MuP(Parametrization):
     Options:
         base_width: the width the hyperparameters were tuned at (None: the model's own, i.e. SP's numbers
             except the attention rule, which is SP's at any base).
-        base_head_dim: the head size at the base width (None: base_width / n_heads, for models widened at a
-            fixed number of heads; set it when heads are added at a fixed head size).
+        base_head_dim: the head size at the base width (set it when heads are added at a fixed head size).
+        base_heads: the number of heads at the base width (its head size is base_width / base_heads; set it when
+            the model is widened at a fixed number of heads). With a base width, one of the two is required: the
+            attention rule needs the base model's head size, which the target's head count does not give.
         output_multiplier: alpha_output, the readout's tunable constant (TP-V tunes it at the base shape).
         readout_zero_init: start the head at zero (microsoft/mup's ``readout_zero_init``); an untied head only (a
             tied head is the embedding, which keeps its init).
@@ -66,10 +68,12 @@ class MuP(Parametrization):
 
     def __init__(self, base_width: int | None = None, base_head_dim: int | None = None,
                  output_multiplier: float = 1.0, readout_zero_init: bool = False, query_zero_init: bool = False,
-                 without: list[str] | None = None):
+                 without: list[str] | None = None, base_heads: int | None = None):
         positive("base_width", base_width)
         self.readout_zero_init, self.query_zero_init = bool(readout_zero_init), bool(query_zero_init)
         positive("base_head_dim", base_head_dim)
+        positive("base_heads", base_heads)
+        base_head_dim = base_shape_head_dim(base_width, base_head_dim, base_heads)
         if not output_multiplier > 0:
             raise ValueError(f"output_multiplier must be > 0, got {output_multiplier!r}")
         self.base_width, self.base_head_dim, self.alpha_output = base_width, base_head_dim, float(output_multiplier)
@@ -83,9 +87,6 @@ class MuP(Parametrization):
         if any(norm.constrains(role) for role in ("q", "attn_out", "mlp_in", "mlp_out", "embedding", "head")):
             raise ValueError(f"{type(self).__name__} has no rule for a norm strategy that keeps weights on the unit "
                              f"sphere (nGPT's own scaling); use parametrization sp with that norm")
-        if self.base_width is not None and self.base_head_dim is None and self.base_width % stack.num_heads:
-            raise ValueError(f"base_width={self.base_width} is not divisible by n_heads={stack.num_heads}; "
-                             f"set base_head_dim in parametrization_options")
 
     def m_d(self, stack: StackInfo) -> float:
         return width_multiplier(stack, self.base_width)
@@ -98,7 +99,7 @@ class MuP(Parametrization):
     def attention_multiplier(self, stack: StackInfo) -> float:
         if not self.uses("attention_scale"):
             return 1.0
-        base = self.base_head_dim or (self.base_width // stack.num_heads if self.base_width else stack.head_dim)
+        base = self.base_head_dim or stack.head_dim  # no base width: the model is its own base
         return math.sqrt(base / stack.head_dim)
 
     def output_multiplier(self, stack: StackInfo) -> float:
@@ -136,8 +137,9 @@ class MuPWeightDecay(MuP):
 
     def __init__(self, base_width: int | None = None, base_head_dim: int | None = None,
                  output_multiplier: float = 1.0, readout_zero_init: bool = False, query_zero_init: bool = False,
-                 weight_decay_exponent: float = 0.5, without: list[str] | None = None):
-        super().__init__(base_width, base_head_dim, output_multiplier, readout_zero_init, query_zero_init, without)
+                 weight_decay_exponent: float = 0.5, without: list[str] | None = None, base_heads: int | None = None):
+        super().__init__(base_width, base_head_dim, output_multiplier, readout_zero_init, query_zero_init, without,
+                         base_heads)
         self.weight_decay_exponent = float(weight_decay_exponent)
 
     def optimizer_scale(self, parameter, stack: StackInfo, *, in_blocks: bool) -> OptimizerScale | None:

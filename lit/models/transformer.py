@@ -41,7 +41,7 @@ class TransformerConfig:
         projection_options: options of the projection type.
         parametrization: how init, learning rates and multipliers follow width and depth, one of the installed
             {parametrization} (sp: standard, the default).
-        parametrization_options: its base shape and options, e.g. {{base_width: 64}}.
+        parametrization_options: its base shape and options, e.g. {{base_width: 64, base_heads: 4}}.
     """
 
     d_model: int = 256

@@ -3,7 +3,7 @@
     python cli.py coord-check --config recipes/gpt_mup.yaml --widths 64,128,256,512,1024 --steps 10 --seeds 3
     python cli.py coord-check --config recipes/gpt_mup.yaml --parametrization sp --widths 32,64,128,256
     python cli.py coord-check --config RECIPE --depths 2,4,8,16 --parametrization completep \\
-        --parametrization_options "{base_width: 32, base_depth: 2}"
+        --parametrization_options "{base_width: 32, base_heads: 2, base_depth: 2}"
 
 Trains the recipe's architecture at each width (or depth) for ``--steps`` Adam steps at a constant learning
 rate on the recipe's text (the embedded corpus by default), from the same seeds and batches at every shape, and
@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--block_size", type=int, default=32)
     p.add_argument("--parametrization", default=None, help="replace the recipe's (its options then reset)")
-    p.add_argument("--parametrization_options", default=None, help="YAML mapping, e.g. '{base_width: 32}'")
+    p.add_argument("--parametrization_options", default=None,
+                   help="YAML mapping, e.g. '{base_width: 32, base_heads: 2}'")
     p.add_argument("--band", type=float, default=0.1, help="|slope| allowed (default 0.1)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for coord_check.png and slopes.txt")
     return p
