@@ -27,6 +27,19 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **extra}
 
 
+def cli_in(cwd: Path, timeout: int = 900):
+    """``cli(*args)``: ``python cli.py ARGS`` in a subprocess run in ``cwd``, asserting it succeeded; its stdout."""
+    import subprocess
+
+    def cli(*args: str) -> str:
+        out = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], cwd=cwd, capture_output=True, text=True,
+                             env=subprocess_env(), timeout=timeout)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return out.stdout
+
+    return cli
+
+
 def write_distribution(site: Path, name: str, version: str, entry_points: dict[str, dict[str, str]],
                        modules: dict[str, str] | None = None) -> Path:
     """Write what ``pip install`` leaves behind: a .dist-info with entry_points.txt, plus module files."""

@@ -231,17 +231,10 @@ def test_bad_looks_are_one_line_and_exit_code_2(workdir, capsys, args, expected)
 @pytest.mark.slow
 def test_a_sequential_sweep_of_real_runs_records_its_looks(tmp_path):
     """Real training (tiny runs): the looks are performed on what the runs logged, and compare reports them."""
-    import subprocess
-    import sys
-
-    from tests.conftest import subprocess_env
+    from tests.conftest import cli_in
     from tests.test_sweep import TINY
 
-    def cli(*args):
-        out = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], cwd=tmp_path, capture_output=True,
-                             text=True, env=subprocess_env(), timeout=900)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        return out.stdout
+    cli = cli_in(tmp_path)
 
     out = cli("sweep", "--config", BASELINE, "--vary", "model.arch.norm=rmsnorm,layernorm", "--looks", "2,3",
               "--experiment", "real", "--parallel", "2", *TINY)

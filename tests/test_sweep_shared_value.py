@@ -249,17 +249,10 @@ def test_bad_shared_value_options_are_one_line_and_exit_code_2(workdir, capsys, 
 @pytest.mark.slow
 def test_a_shared_value_sweep_of_real_runs_is_reported(tmp_path):
     """Real training (tiny runs): each run at the baseline's value trains at it, is tested, and compare reports it."""
-    import subprocess
-    import sys
-
-    from tests.conftest import subprocess_env
+    from tests.conftest import cli_in
     from tests.test_sweep import TINY
 
-    def cli(*args):
-        out = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], cwd=tmp_path, capture_output=True,
-                             text=True, env=subprocess_env(), timeout=900)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        return out.stdout
+    cli = cli_in(tmp_path)
 
     cli("sweep", "--config", BASELINE, "--vary", "model.arch.norm=rmsnorm,layernorm", "--seeds", "2", "--tune",
         "model.lr=1e-3,3e-2", "--tune_steps", "2", "--shared_value", "--experiment", "real", "--parallel", "2", *TINY)

@@ -7,10 +7,7 @@ array and one launched on a laptop give the same report.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +18,7 @@ from lit.compare import stats
 from lit.errors import UserInputError
 from lit.sweep import protocol
 from lit.sweep.store import search_all_runs
+from lit.tracking.downloads import quiet_downloads
 from lit.tracking.names import DEPTH_QUANTITY_PREFIXES, STREAM_RMS_PREFIX
 from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
 
@@ -35,7 +33,6 @@ TUNE_COLUMNS = ("variant", "tune_value", "status", "outcome")
 DUPLICATE_RULE = "the latest-started run counts (FINISHED or diverged); the others are left out"
 HISTORY_COLUMNS = ("run_id", "key", "step", "timestamp", "value")
 SYSTEM_PREFIX = "system/"
-PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 @dataclass(frozen=True)
@@ -140,7 +137,7 @@ def read_protocol(client: MlflowClient, parent: Run) -> dict[str, Any]:
     """The parent's ``protocol.json``: which variants, seeds, metric and tuning rule the sweep was run with."""
     from mlflow.exceptions import MlflowException
 
-    with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
+    with tempfile.TemporaryDirectory() as tmp, quiet_downloads():
         try:
             path = client.download_artifacts(parent.info.run_id, protocol.PROTOCOL_FILE, tmp)
             return json.loads(Path(path).read_text())
@@ -148,21 +145,6 @@ def read_protocol(client: MlflowClient, parent: Run) -> dict[str, Any]:
             raise UserInputError(f"sweep parent run {parent.info.run_id} has no readable {protocol.PROTOCOL_FILE} "
                                  f"artifact ({type(exc).__name__}); it was not written by `cli.py sweep`, or the "
                                  "sweep did not get as far as starting") from None
-
-
-@contextmanager
-def _no_progress_bar() -> Iterator[None]:
-    """MLflow draws a progress bar on stderr for every download, even of a 1 kB file; compare's stderr is
-    kept for its one status or error line. MLflow reads the switch at each download."""
-    saved = os.environ.get(PROGRESS_BAR)
-    os.environ[PROGRESS_BAR] = "false"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(PROGRESS_BAR, None)
-        else:
-            os.environ[PROGRESS_BAR] = saved
 
 
 def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) -> Sweep:
@@ -229,7 +211,7 @@ def _examples(client: MlflowClient, metric: str, run_ids: set[str]) -> dict[str,
 
     if not metric.startswith("test/"):
         return {}
-    with _no_progress_bar():
+    with quiet_downloads():
         return load(client, sorted(run_ids), metric.rsplit("/", 1)[-1])
 
 

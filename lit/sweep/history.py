@@ -14,16 +14,14 @@ it silently), so rerunning a command after an interruption leaves the record as 
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
+from lit.tracking.downloads import quiet_downloads
+
 LOOKS_DIR, EXTENSIONS_DIR = "looks", "extensions"
-PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 def _records(client, run_id: str, folder: str, stem: str) -> list[dict]:
@@ -31,25 +29,10 @@ def _records(client, run_id: str, folder: str, stem: str) -> list[dict]:
     found = sorted((int(m.group(1)), a.path) for a in client.list_artifacts(run_id, folder)
                    if (m := pattern.search(a.path)))
     records = []
-    with tempfile.TemporaryDirectory() as tmp, _quiet_downloads():
+    with tempfile.TemporaryDirectory() as tmp, quiet_downloads():
         for _, path in found:
             records.append(json.loads(Path(client.download_artifacts(run_id, path, tmp)).read_text()))
     return records
-
-
-@contextmanager
-def _quiet_downloads() -> Iterator[None]:
-    """MLflow draws a progress bar on stderr for every download, even of a 1 kB file; the sweep's stderr is kept
-    for its warnings and its one error line."""
-    saved = os.environ.get(PROGRESS_BAR)
-    os.environ[PROGRESS_BAR] = "false"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(PROGRESS_BAR, None)
-        else:
-            os.environ[PROGRESS_BAR] = saved
 
 
 def _write_once(client, run_id: str, folder: str, stem: str, index: int, record: dict) -> bool:
