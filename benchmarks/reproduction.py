@@ -290,8 +290,10 @@ def speedup_cell(claim: Claim, analysis: Analysis | None) -> str:
 
 TITLE = """# Reproduction claims
 
-One row per claim, from `cli.py compare`'s analysis of its suite: Holm and the equivalence tests run within the
-suite's declared family (text, digits), never across suites; the interval is in step with Holm; the MDE is the
+One row per claim, from `cli.py compare`'s analysis of its suite. Within a suite, three Holm families are controlled
+separately, never across suites: the loss differences, the equivalence tests of the parity claims, and the kurtosis
+claims (text); by the union bound the chance of any false verdict in a suite's rows is at most 3α (text) or 2α
+(digits); the interval is in step with Holm; the MDE is the
 smallest paired difference the row's seeds detect with 80% power at the family's alpha/m, from the 80% upper
 confidence limit of the row's paired sd (df n - 1; the observed sd would be too small half the time); the speedup
 is compare's steps to the reference's final value per seed, the median over all seeds with a seed that never reached

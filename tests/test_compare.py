@@ -640,6 +640,8 @@ def test_parity_is_tested_as_equivalence(edge_report):
             scipy_stats.ttest_1samp(d, EDGE_MARGIN, alternative="less").pvalue)
     assert_printed(row["p (TOST)"], p, relative=5e-3)
     assert float(row["p (TOST, Holm)"]) >= float(row["p (TOST)"])  # the adjusted p, the one the verdict reads
+    # Two families, each Holm on its own: the report says so and gives the union bound.
+    assert "a second family, Holm-adjusted on their own; by the union bound" in edge_report
     assert row["verdict"] == f"equivalent within ±{EDGE_MARGIN:g}"
     assert table(edge_report, "## Against the baseline")["holes"]["p (TOST)"] == "—"
 

@@ -187,8 +187,12 @@ def _family(a: Analysis) -> str:
     where = (f"family `{f.name}`, declared in the protocol" if f.declared
              else "this sweep's own family (the protocol declares none)")
     sweeps = f" over {len(f.sweeps)} sweeps ({', '.join(s[:8] for s in f.sweeps)})" if len(f.sweeps) > 1 else ""
+    parity = sum(c.equivalence is not None and c.equivalence.p_adjusted is not None for c in a.comparisons)
+    union = (f" The equivalence tests of its {parity} parity claims are a second family, Holm-adjusted on their own; "
+             f"by the union bound the chance of any false verdict in this report is at most 2α = {2 * a.alpha:.2g}."
+             if parity else "")
     return (f"Multiple comparisons: {where}{sweeps}; Holm over its {f.size} tested comparisons decides the "
-            "verdicts, BH q-values are shown beside them for screening.")
+            "verdicts, BH q-values are shown beside them for screening." + union)
 
 
 def _counted(a: Analysis) -> str:
