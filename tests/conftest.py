@@ -40,6 +40,16 @@ def cli_in(cwd: Path, timeout: int = 900):
     return cli
 
 
+def fake_sweep_inputs(monkeypatch) -> None:
+    """For sweeps whose training a test fakes: no variant is built before the runs, and the sweep's identity is
+    fixed (the code's commit is part of it, and others commit while a test runs, which is not under test)."""
+    from lit.sweep import command
+
+    monkeypatch.setattr(command, "_check_variants", lambda a, manifest, todo, log_dir: {c.variant: True for c in todo})
+    monkeypatch.setattr(command, "identity", lambda recipe, variants: {"recipe_sha256": "r", "variant_files": {},
+                                                                        "commit": "c", "dirty": False})
+
+
 def write_distribution(site: Path, name: str, version: str, entry_points: dict[str, dict[str, str]],
                        modules: dict[str, str] | None = None) -> Path:
     """Write what ``pip install`` leaves behind: a .dist-info with entry_points.txt, plus module files."""

@@ -19,10 +19,10 @@ from scipy import stats
 from lit.commands import main
 from lit.compare.sequential_report import header_notes
 from lit.sweep import child as child_module
-from lit.sweep import command, local
+from lit.sweep import local
 from lit.sweep import protocol as P
 from lit.sweep.history import read_extensions, read_looks
-from tests.conftest import REPO
+from tests.conftest import REPO, fake_sweep_inputs
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
 VARY = ["--vary", "model.arch.norm=rmsnorm,layernorm,dyt,perinorm"]  # rmsnorm the baseline
@@ -65,10 +65,7 @@ def run_in_process(children, run, parallel, log_dir, gate, report, results, tick
 def fake_training(workdir_with_store, monkeypatch):
     monkeypatch.setattr(child_module, "run_child", fake_run_child)
     monkeypatch.setattr(local, "run_children", run_in_process)
-    monkeypatch.setattr(command, "_check_variants", lambda a, manifest, todo, log_dir: {c.variant: True for c in todo})
-    # The code's commit is part of a sweep's identity; others commit while this runs, which is not under test.
-    monkeypatch.setattr(command, "identity", lambda recipe, variants: {"recipe_sha256": "r", "variant_files": {},
-                                                                        "commit": "c", "dirty": False})
+    fake_sweep_inputs(monkeypatch)
     return workdir_with_store
 
 

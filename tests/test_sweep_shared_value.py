@@ -21,7 +21,7 @@ from lit.sweep import child as child_module
 from lit.sweep import command, local
 from lit.sweep import protocol as P
 from lit.sweep.grid import build_children, build_variants
-from tests.conftest import REPO
+from tests.conftest import REPO, fake_sweep_inputs
 from tests.test_sweep_looks import noise
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
@@ -97,9 +97,7 @@ def run_ready_last_first(children, run, parallel, log_dir, gate, report, results
 def fake_training(workdir_with_store, monkeypatch):
     monkeypatch.setattr(child_module, "_fit_and_test", fake_fit_and_test)
     monkeypatch.setattr(local, "run_children", run_ready_last_first)
-    monkeypatch.setattr(command, "_check_variants", lambda a, manifest, todo, log_dir: {c.variant: True for c in todo})
-    monkeypatch.setattr(command, "identity", lambda recipe, variants: {"recipe_sha256": "r", "variant_files": {},
-                                                                        "commit": "c", "dirty": False})
+    fake_sweep_inputs(monkeypatch)
     return workdir_with_store
 
 
