@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +21,8 @@ from lit.compare.scaling import (
 )
 from lit.errors import UserInputError
 from lit.sweep import protocol
+
+REPO = Path(__file__).resolve().parents[1]
 
 LAW = TrueLaw()
 RUNGS = np.asarray(LAW.rungs)
@@ -209,8 +212,38 @@ def test_ladder_mistakes_are_one_line_errors(extra, message):
 
 def test_ladder_lr_transfer_is_accepted_with_a_parametrization():
     proto, _, _ = plan_ladder("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr", "transfer",
-                              "--model.arch.parametrization=mup")
+                              "--model.arch.parametrization=mup",
+                              "--model.arch.parametrization_options={base_width: 128, base_heads: 4}")
     assert proto["ladder"]["lr"] == "transfer" and "transferred to each rung by the mup" in proto["ladder"]["lr_rule"]
+    assert "base width 128" in proto["ladder"]["lr_rule"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ((), "no base width"),  # m_d = 1 at every rung: one fixed lr under what is SP (review D4)
+    (("--model.arch.parametrization_options={base_heads: 4}",), "no base width"),
+    (("--model.arch.parametrization_options={base_width: 64, base_heads: 2}",), "d_model 128 is not its base width 64"),
+])
+def test_ladder_lr_transfer_refuses_a_recipe_without_its_base_shape(options, message):
+    with pytest.raises(UserInputError, match=message):
+        plan_ladder("--ladder", LADDER, "--tokens_per_param", "20", "--ladder_lr", "transfer",
+                    "--model.arch.parametrization=completep", *options)
+
+
+def test_ladder_lr_transfer_refusal_is_one_error_line_before_any_run(tmp_path, monkeypatch, capsys):
+    from lit.sweep import ladder
+    from lit.sweep.command import main
+
+    def no_runs(*args):
+        raise AssertionError("the ladder was sized (its runs would follow) before the refusal")
+
+    monkeypatch.setattr(ladder, "in_fork", no_runs)
+    monkeypatch.chdir(tmp_path)
+    code = main(["--config", str(REPO / "recipes/gpt_baseline.yaml"), "--seeds", "1", "--ladder", LADDER,
+                 "--tokens_per_param", "20", "--ladder_lr", "transfer", "--model.arch.parametrization=mup",
+                 "--tracking_uri", f"sqlite:///{tmp_path}/m.db"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:") and "no base width" in err[0]
+    assert not (tmp_path / "m.db").exists() and not list(tmp_path.iterdir())
 
 
 def test_ladder_file_syntax(tmp_path):

@@ -15,7 +15,8 @@ once, at the last step: the ladder reads the final value only.
 Learning rate. ``fixed`` runs the recipe's learning rate at every rung and says so: under the standard
 parametrization the optimum drifts with width, and the multiplier then mixes the architecture's gain with
 its learning-rate sensitivity. ``transfer`` keeps the recipe's (base-width) learning rate and leaves the
-per-width scaling to the recipe's parametrization plugin, so it requires one that is not ``sp``. With
+per-width scaling to the recipe's parametrization plugin, so it requires one that is not ``sp`` and, for the
+built-in ones, a base width equal to the recipe's d_model (where its learning rate was tuned). With
 ``--ladder_lr_check`` every rung also runs lr/2 and 2 lr on the first seed (not counted), so the report can say
 whether the rung's learning rate is at an edge of that three-point grid.
 """
@@ -38,6 +39,8 @@ LR_RULES = ("fixed", "transfer")
 LR_CHECK_FACTORS = (0.5, 2.0)
 LR_CHECK_SCOPES = ("all", "baseline")  # one factor-2 grid step either side of the rung's learning rate
 PARAMETRIZATION_KEY = "parametrization"  # under model.init_args.arch, once parametrization plugins exist
+OPTIONS_KEY = "parametrization_options"
+WIDTH_TRANSFER = ("mup", "mup_wd", "completep")  # the built-ins that scale from a base width (m_d = 1 without one)
 DEFAULT_LOG_EVERY = 50  # Lightning's default log_every_n_steps
 
 
@@ -121,15 +124,45 @@ def parse_ladder(text: str) -> list[Rung]:
     return rungs
 
 
+def _options(options, fit_options: list[str], overrides: dict[str, str], key: str) -> dict:
+    """The parametrization's options: the recipe's mapping, then a whole mapping given as an option or override
+    (YAML), then single ``key.option=value`` settings."""
+    options = dict(options) if isinstance(options, dict) else {}
+    given = option_value(fit_options, key) or overrides.get(key)
+    if given:
+        parsed = yaml.safe_load(given)
+        options = dict(parsed) if isinstance(parsed, dict) else options
+    for name in ("base_width", "base_head_dim", "base_heads", "base_depth"):
+        one = option_value(fit_options, f"{key}.{name}") or overrides.get(f"{key}.{name}")
+        if one:
+            options[name] = yaml.safe_load(one)
+    return options
+
+
 def check_lr_rule(rule: str, arch: dict) -> str:
-    """The ladder's learning-rate rule, in words, or an error when ``transfer`` has nothing to transfer by."""
+    """The ladder's learning-rate rule, in words, or an error when ``transfer`` has nothing to transfer by: no
+    parametrization, or a built-in width-transferring one without its base width, or a recipe whose d_model is
+    not that base width (its learning rate was tuned at the base shape, and the rungs scale from there)."""
     name = str(arch.get(PARAMETRIZATION_KEY) or "sp")
     if rule == "transfer" and name == "sp":
         raise UserInputError("--ladder_lr transfer needs a parametrization that transfers the learning rate "
                              f"across widths (model.init_args.arch.{PARAMETRIZATION_KEY}: mup or completep); this "
                              "recipe uses the standard one (sp); pass --ladder_lr fixed to run its lr at every rung")
     if rule == "transfer":
-        return f"the recipe's learning rate at its base width, transferred to each rung by the {name} parametrization"
+        base = (arch.get(OPTIONS_KEY) or {}).get("base_width")
+        if name in WIDTH_TRANSFER and base is None:
+            raise UserInputError(f"--ladder_lr transfer: the recipe's {name} parametrization has no base width, so "
+                                 "every rung would run its one learning rate under what is the standard "
+                                 f"parametrization; set model.init_args.arch.{OPTIONS_KEY}.base_width (and "
+                                 "base_heads or base_head_dim) to the d_model its learning rate was tuned at")
+        d_model = arch.get("d_model")
+        if base is not None and d_model is not None and str(d_model) != str(base):
+            raise UserInputError(f"--ladder_lr transfer: the recipe's d_model {d_model} is not its base width "
+                                 f"{base}; its learning rate must be the one tuned at the base shape, so set "
+                                 f"d_model to {base} (or base_width to {d_model}, if its lr was tuned there)")
+        at = f" (base width {base})" if base is not None else ""
+        return (f"the recipe's learning rate at its base width{at}, transferred to each rung by the {name} "
+                "parametrization")
     return ("the recipe's learning rate at every rung, not transferred (standard parametrization): the multiplier "
             "includes each variant's sensitivity to a learning rate that drifts off its optimum with width")
 
@@ -305,10 +338,12 @@ def plan(a, fit_options: list[str], recipe: str, variants: list, baseline, measu
     arch = _config_value([recipe] + [v for k, v in baseline.overrides.items() if k == CONFIG_KEY],
                          ARCH_PREFIX.rstrip(".")) or {}
     arch = dict(arch) if isinstance(arch, dict) else {}
-    for key in (ARCH_PREFIX + PARAMETRIZATION_KEY, "model.arch." + PARAMETRIZATION_KEY):  # later ones win
-        given = option_value(fit_options, key) or baseline.overrides.get(key)
-        if given:
-            arch[PARAMETRIZATION_KEY] = given
+    for prefix in (ARCH_PREFIX, "model.arch."):  # later ones win
+        for name in (PARAMETRIZATION_KEY, "d_model"):
+            given = option_value(fit_options, prefix + name) or baseline.overrides.get(prefix + name)
+            if given:
+                arch[name] = given
+        arch[OPTIONS_KEY] = _options(arch.get(OPTIONS_KEY), fit_options, baseline.overrides, prefix + OPTIONS_KEY)
     lr_rule = check_lr_rule(a.ladder_lr, arch)
     base_args = [*([x for k, v in baseline.overrides.items() if k == CONFIG_KEY for x in ("--config", v)]),
                  *fit_options, *(f"--{k}={v}" for k, v in baseline.overrides.items() if k != CONFIG_KEY)]
