@@ -227,15 +227,16 @@ def report() -> str:
              "nothing here (their keying is tested in `tests/test_common_random_numbers.py`).", ""]
     lines += decisions(rows, arms)
     lines += ["## The sd each source adds, and the correlation with the baseline per seed", "",
-              "| arm | condition | sd of the arm | sd of the baseline | corr. with the baseline | paired sd | "
-              "unpaired sd | paired / unpaired |", "|---|---|---|---|---|---|---|---|"]
+              "| arm | condition | seeds | sd of the arm | sd of the baseline | corr. with the baseline | paired sd | "
+              "unpaired sd | paired / unpaired |", "|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         for condition in CONDITIONS:
             p = pairing(rows, arm, condition)
             if p is None:
                 continue
-            lines.append(f"| {arm} | {condition} | {p['sd_arm']:.4f} | {p['sd_base']:.4f} | {p['corr']:+.2f} | "
-                         f"{p['paired_sd']:.4f} | {p['unpaired_sd']:.4f} | {p['paired_sd'] / p['unpaired_sd']:.2f} |")
+            lines.append(f"| {arm} | {condition} | {p['n']} | {p['sd_arm']:.4f} | {p['sd_base']:.4f} | "
+                         f"{p['corr']:+.2f} | {p['paired_sd']:.4f} | {p['unpaired_sd']:.4f} | "
+                         f"{p['paired_sd'] / p['unpaired_sd']:.2f} |")
     lines += ["", "## The test set's own sampling noise", "",
               "The standard error of a run's mean test loss over the split's windows, and of the paired per-window "
               "difference at one seed (median over seeds, `today` condition). A verdict over seeds is conditional "
