@@ -225,7 +225,7 @@ def report() -> str:
              "loss, under `data` what the data order adds, and under `today` both, drawn in construction order as "
              "sweeps drew them before `--random_numbers by_name`. Dropout is 0 in every text recipe: masks add "
              "nothing here (their keying is tested in `tests/test_common_random_numbers.py`).", ""]
-    lines += decisions(rows, arms)
+    lines += sources(rows, arms) + decisions(rows, arms)
     lines += ["## The sd each source adds, and the correlation with the baseline per seed", "",
               "| arm | condition | seeds | sd of the arm | sd of the baseline | corr. with the baseline | paired sd | "
               "unpaired sd | paired / unpaired |", "|---|---|---|---|---|---|---|---|---|"]
@@ -271,6 +271,29 @@ def pooled(rows, arms: list[str], condition: str, weights: str = "last") -> tupl
         return None
     return (float(np.median([p["corr"] for p in found])), math.sqrt(np.mean([p["paired_sd"] ** 2 for p in found])),
             len(found))
+
+
+def sources(rows, arms: list[str]) -> list[str]:
+    """Each source's share, in words: the baseline's sd over seeds with only that source varying."""
+    lines = ["## Each source, in one line", ""]
+    base = {c: next((p["sd_base"] for a in arms if (p := pairing(rows, a, c))), None) for c in CONDITIONS}
+    if base["init"] is not None and base["data"] is not None:
+        lines.append(f"- **Init** (data order fixed): the baseline's final test loss has sd {base['init']:.4f} over "
+                     f"seeds; **data order** (init fixed): {base['data']:.4f}; both, as sweeps drew them: "
+                     f"{base['today']:.4f}.")
+    se = [x for a in arms if (x := test_set_se(rows, a, "today"))]
+    if se:
+        lines.append(f"- **The evaluation set**: the test split's own sampling error of a run's mean loss is "
+                     f"{np.median([x[0] for x in se]):.4f} (the standard error over its windows, taken as "
+                     "independent), and of a paired "
+                     f"difference {np.median([x[1] for x in se]):.4f}; it is not in the seed sd, since every run is "
+                     "scored on the same windows.")
+    lr = pairing(rows, "baseline lr 6e-3", "by_name")
+    if lr:
+        lines.append(f"- **The learning-rate pick**: the same model at twice the learning rate correlates "
+                     f"{lr['corr']:+.2f} with itself per seed (by name), paired sd {lr['paired_sd']:.4f}.")
+    lines += ["- **Dropout and other masks**: none in the text recipes (dropout 0), so none here.", ""]
+    return lines
 
 
 def decisions(rows, arms: list[str]) -> list[str]:
