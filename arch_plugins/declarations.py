@@ -399,6 +399,20 @@ def optimizer_scales(model: nn.Module) -> dict[int, OptimizerScale]:
     return result
 
 
+def declare_adam_rule(module: nn.Module, param_name: str, source: str) -> None:
+    """Declare that ``source`` (a parametrization) scales ``module.<param_name>`` by a rule derived for Adam, at
+    every shape, including the base shape where its multipliers are all 1. An optimizer that steps the parameter
+    by another rule (Muon) decides from this, not from the numbers, so a ladder cannot pass at the base width and
+    fail at the next."""
+    _parameter(module, param_name, "declare an Adam-derived rule for")
+    _declare(module, "adam_rule", param_name, source)
+
+
+def adam_rules(model: nn.Module) -> dict[int, str]:
+    """``{id(parameter): source}`` for every parameter a parametrization scales by an Adam-derived rule."""
+    return {id(getattr(module, name)): source for _, module, name, source in _walk(model, "adam_rule")}
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Unit-norm constraints
 

@@ -325,6 +325,11 @@ class Parametrization:
         """Multiplies the head's input (the readout), i.e. the logits of a bias-free head."""
         return 1.0
 
+    def check_roles(self, roles: set[str], stack: StackInfo) -> None:
+        """Refuse (``ValueError``, one line) a task model whose parameters' roles leave an option nothing to act on
+        (muP's ``readout_zero_init`` with a tied head: no parameter has the head role). Called once with every
+        role the whole task model declares, before any ``reinitialize``. Default: accept."""
+
     def reinitialize(self, parameter, stack: StackInfo) -> None:
         """Change the init of one ``ParameterRole`` after the whole model is built (called under ``no_grad``):
         e.g. a zero-initialised query (the rows of a fused q|k|v matrix that ``parameter.slices`` names q).

@@ -165,6 +165,16 @@ def test_mup_zero_init_options():
     assert torch.all(model.head.weight == 0)
 
 
+def test_readout_zero_init_on_a_tied_head_is_refused_in_one_line():
+    """A tied head is the embedding, which keeps its init: the option would do nothing, silently (review D8)."""
+    arch = TransformerConfig(d_model=64, n_layers=1, n_heads=2, parametrization="mup",
+                             parametrization_options={"base_width": 32, "base_heads": 2, "readout_zero_init": True})
+    with pytest.raises(ArchitectureError, match="readout_zero_init.*tied") as info:
+        GPT(65, 16, arch, tie_embeddings=True)
+    assert "\n" not in str(info.value)
+    assert torch.all(GPT(65, 16, arch).head.weight == 0)  # untied: the head starts at zero
+
+
 def test_mup_wd_rules():
     base, d = 32, 128
     model = gpt("mup_wd", d=d, base_width=base)
@@ -328,7 +338,24 @@ def test_the_optimizer_plugins_honour_the_declared_scales():
     assert group_of(optimizer, tok)["lr"] == pytest.approx(LR * 0.5)
     assert group_of(optimizer, tok)["eps"] == pytest.approx(ADAM_EPS / 2 / 2)
     # Muon would step the hidden matrices, whose scales are Adam's: refused in one line, never applied silently.
-    with pytest.raises(registry.PluginError, match="muon with mup/mup_wd/completep is not implemented"):
+    with pytest.raises(registry.PluginError, match="muon with completep is not implemented"):
         MuonOptimizer().build(model, lr=LR, weight_decay=WD, betas=(0.9, 0.95))
     # Under SP nothing is declared: muon builds.
     MuonOptimizer().build(gpt("sp"), lr=LR, weight_decay=WD, betas=(0.9, 0.95))
+
+
+@pytest.mark.parametrize("name", ["mup", "mup_wd", "completep"])
+def test_muon_under_a_parametrization_is_refused_at_the_base_width_too(name):
+    """Decided from the parametrization, not its numbers: at the base shape every scale is 1, and a ladder that
+    starts there must not pass its first rung and fail the next (review D8)."""
+    from arch_plugins.optimizers.muon import MuonOptimizer
+
+    options = {"base_depth": 2} if name == "completep" else {}
+    for d in (64, 128):
+        with pytest.raises(registry.PluginError, match=f"muon with {name} is not implemented") as info:
+            MuonOptimizer().build(gpt(name, d=d, base_width=64, **options), lr=LR, weight_decay=WD,
+                                  betas=(0.9, 0.95))
+        assert "\n" not in str(info.value)
+    # Without an Adam rule on the matrices Muon steps, it builds (an ablation that leaves the hidden lr rule out).
+    MuonOptimizer().build(gpt("mup", d=128, base_width=64, without=["hidden_lr"]), lr=LR, weight_decay=WD,
+                          betas=(0.9, 0.95))

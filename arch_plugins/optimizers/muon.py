@@ -32,7 +32,7 @@ import math
 import torch
 from torch import nn
 
-from arch_plugins.declarations import ParameterRole, UndeclaredRoleError, parameter_roles
+from arch_plugins.declarations import ParameterRole, UndeclaredRoleError, adam_rules, parameter_roles
 from arch_plugins.interfaces import Kind, OptimizerType
 from arch_plugins.optimizers.newton_schulz import orthogonalize
 from arch_plugins.optimizers.routing import (
@@ -173,7 +173,7 @@ class MuonOptimizer(OptimizerType):
         roles = self._roles(model)
         muon_lr = lr if self.lr is None else self.lr
         muon_wd = weight_decay if self.weight_decay is None else self.weight_decay
-        entries = []
+        entries, derived = [], adam_rules(model)
         for p, lr_mult, wd_mult, declared in settings(model, roles, lr_multipliers=self.lr_multipliers,
                                                       wd_multipliers=self.wd_multipliers,
                                                       role_betas=self.role_betas):
@@ -181,12 +181,14 @@ class MuonOptimizer(OptimizerType):
                 entries.append((p, {"lr": lr * lr_mult, "lr_ratio": lr_mult, "weight_decay": weight_decay * wd_mult,
                                     "muon": False, **own_betas(self.role_betas, p), **own_eps(self.eps, declared)}))
                 continue
-            if not declared.is_default:
+            if id(p.param) in derived or not declared.is_default:
                 # A parametrization's multipliers are derived for Adam; applying them to Muon's orthogonalised step
                 # would double-scale it (Megatron-LM PR 3715's bug). The rule it states for Muon is not built yet.
-                raise PluginError(f"{p.name} (role {p.role}) has a parametrization's Adam scale {declared} and muon "
-                                  f"would step it: muon with mup/mup_wd/completep is not implemented (their stated "
-                                  f"rule for Muon: no 1/m_d on the lr, spectral scale sqrt(fan_out/fan_in)); use "
+                # Decided from the declaration that a rule exists, not from its value (1 at the base width).
+                source = derived.get(id(p.param), "a parametrization")
+                raise PluginError(f"{p.name} (role {p.role}) is scaled by {source}'s Adam-derived rule at every width "
+                                  f"and muon would step it: muon with {source} is not implemented (the stated rule "
+                                  f"for Muon: no 1/m_d on the lr, spectral scale sqrt(fan_out/fan_in)); use "
                                   f"--model.optimizer=adamw or --model.arch.parametrization=sp")
             if p.param.dim() != 2:
                 raise PluginError(f"{p.name} (role {p.role}, shape {tuple(p.param.shape)}) is a hidden parameter "

@@ -42,7 +42,7 @@ class MuP(Parametrization):
             attention rule needs the base model's head size, which the target's head count does not give.
         output_multiplier: alpha_output, the readout's tunable constant (TP-V tunes it at the base shape).
         readout_zero_init: start the head at zero (microsoft/mup's ``readout_zero_init``); an untied head only (a
-            tied head is the embedding, which keeps its init).
+            tied head is the embedding, which keeps its init: refused in one line).
         query_zero_init: start the query rows of the q|k|v projection at zero.
         without: rules to leave out (an ablation, as nanoGPT-mup's ``sp_with_mup_*`` scripts):
             ``hidden_init``, ``hidden_lr``, ``output_multiplier``, ``attention_scale``.
@@ -87,6 +87,12 @@ class MuP(Parametrization):
         if any(norm.constrains(role) for role in ("q", "attn_out", "mlp_in", "mlp_out", "embedding", "head")):
             raise ValueError(f"{type(self).__name__} has no rule for a norm strategy that keeps weights on the unit "
                              f"sphere (nGPT's own scaling); use parametrization sp with that norm")
+
+    def check_roles(self, roles: set[str], stack: StackInfo) -> None:
+        if self.readout_zero_init and Role.HEAD not in roles:
+            raise ValueError("readout_zero_init starts an untied head at zero, and this model has none (its head is "
+                             "tied to the embedding, which keeps its init); drop readout_zero_init or untie the head "
+                             "(tie_embeddings: false)")
 
     def m_d(self, stack: StackInfo) -> float:
         return width_multiplier(stack, self.base_width)

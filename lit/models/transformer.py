@@ -21,7 +21,7 @@ from torch import nn
 
 from arch_plugins import registry
 from arch_plugins.constraints import declare_unit_norm
-from arch_plugins.declarations import ROLE_KINDS, declare_optimizer_scale, parameter_roles
+from arch_plugins.declarations import ROLE_KINDS, declare_adam_rule, declare_optimizer_scale, parameter_roles
 from arch_plugins.interfaces import Concat, ResidualHistory, Role, Site, StackInfo
 from arch_plugins.stabilisers import with_stabilisers
 from lit.errors import ArchitectureError
@@ -352,12 +352,19 @@ class TransformerStack(nn.Module):
         inside = {id(p) for p in self.blocks.parameters()}
         modules = dict(model.named_modules())
         # A parametrization that routes on roles cannot guess an undeclared parameter's; SP reads none.
-        for parameter in parameter_roles(model, strict=parametrization.needs_roles):
+        roles = parameter_roles(model, strict=parametrization.needs_roles)
+        try:
+            parametrization.check_roles({p.role for p in roles}, self.info)
+        except ValueError as exc:
+            raise ArchitectureError(f"parametrization {self.cfg.parametrization!r}: {exc}") from exc
+        for parameter in roles:
             with torch.no_grad():
                 parametrization.reinitialize(parameter, self.info)
             scale = parametrization.optimizer_scale(parameter, self.info, in_blocks=id(parameter.param) in inside)
+            owner, _, attr = parameter.name.rpartition(".")
+            if scale is not None:  # a rule, even where it is 1 at this shape (the base): Muon decides from this
+                declare_adam_rule(modules[owner], attr, self.cfg.parametrization)
             if scale is not None and not scale.is_default:
-                owner, _, attr = parameter.name.rpartition(".")
                 declare_optimizer_scale(modules[owner], attr, scale)
 
     def site(self, site: str, dim: int) -> nn.Module:
