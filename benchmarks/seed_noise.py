@@ -305,7 +305,12 @@ def decisions(rows, arms: list[str]) -> list[str]:
                      f"{after[2]} arms, the median per-seed correlation with the baseline goes from {before[0]:+.2f} "
                      f"to {after[0]:+.2f} and the pooled paired sd from {before[1]:.4f} to {after[1]:.4f} nats "
                      f"({after[1] / before[1]:.2f}x; seeds for the same power scale with its square, "
-                     f"{(after[1] / before[1]) ** 2:.2f}x).")
+                     f"{(after[1] / before[1]) ** 2:.2f}x). Against the goal the comparisons were set (a median "
+                     "correlation of at least 0.5, and a paired sd at least 2x below the text suite's pooled 0.019): "
+                     f"the correlation is met here; the paired sd, {after[1]:.4f}, is {0.019 / after[1]:.1f}x below "
+                     "0.019 but that compares two designs (this page: 4 layers, 200 steps, one learning rate; the "
+                     "suite: 8 layers, 300 steps, tuned rates); on the same design and seeds the reduction is "
+                     f"{before[1] / after[1]:.2f}x, short of 2x. The suite's rows have not been rerun by name.")
     for weights, name in (("ema", "EMA of the weights (decay 0.98)"), ("tail", "The average of the last 25% of "
                                                                                 "steps")):
         ratios = {a: (pairing(rows, a, "by_name", weights), pairing(rows, a, "by_name")) for a in arms}
