@@ -203,21 +203,23 @@ def test_compare_reports_the_stored_metrics_computed_by_hand(tuned_sweep, capsys
     report = (cwd / "report" / "report.md").read_text()
     assert capsys.readouterr().out.strip() == report.strip()
 
-    def row(heading: str, label: str) -> list[str]:
-        section = report[report.index(heading):].split("\n## ", 1)[0]
-        line = next(line for line in section.splitlines() if line.startswith(f"| {label}"))
-        return [cell.strip() for cell in line.strip("|").split(" | ")]
+    def row(heading: str, label: str) -> dict[str, str]:
+        from tests.test_compare import table
+
+        return table(report, heading)[label]
 
     def printed(cell: str, expected: float) -> None:
         value = cell.split()[0].lstrip("+")
         decimals = len(value.split(".")[1]) if "." in value else 0
         assert abs(float(value) - expected) <= 0.5 * 10 ** -decimals + 1e-12, (cell, expected)
 
-    printed(row("## Variants", "norm=layernorm")[3], other.mean())
-    printed(row("## Variants", "norm=rmsnorm")[3], base.mean())
+    printed(row("## Variants", "norm=layernorm")["mean ± std"], other.mean())
+    printed(row("## Variants", "norm=rmsnorm")["mean ± std"], base.mean())
     difference = row("## Against the baseline", "norm=layernorm")
-    printed(difference[3], (other - base).mean())
-    printed(difference[5], stats.ttest_rel(other, base).pvalue)
+    printed(difference["mean difference"], (other - base).mean())
+    printed(difference["p (paired t)"], stats.ttest_rel(other, base).pvalue)
+    # Real runs log their per-example test losses: the report carries the seeds x examples interval.
+    assert difference["CI, seeds × test examples"].startswith("[")
     logged = [a.path for a in client.list_artifacts(runs_of(client, "tiny")[0][0].info.run_id, P.REPORT_DIR)]
     assert f"{P.REPORT_DIR}/report.md" in logged
 
