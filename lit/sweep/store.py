@@ -18,6 +18,7 @@ from mlflow.entities import Run, RunStatus
 
 from lit.errors import UserInputError
 from lit.sweep import protocol as P
+from lit.tracking.downloads import quiet_downloads
 from lit.tracking.names import TRAINING_EXPERIMENT
 
 PAGE = 1000  # runs per search request
@@ -66,7 +67,7 @@ def write_protocol(client: MlflowClient, run_id: str, proto: dict) -> None:
 
 
 def read_protocol(client: MlflowClient, run_id: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, quiet_downloads():
         return json.loads(Path(client.download_artifacts(run_id, P.PROTOCOL_FILE, tmp)).read_text())
 
 
