@@ -50,6 +50,19 @@ def fake_sweep_inputs(monkeypatch) -> None:
                                                                         "commit": "c", "dirty": False})
 
 
+def assert_refused_in_one_line(workdir: Path, capsys, argv: list[str], expected: str) -> None:
+    """``cli.py ARGV`` (in this process) ends with exit code 2, one ``error:`` line holding ``expected``, and no
+    tracking store created: refused before anything was touched."""
+    from lit.commands import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0], errors
+    assert not (workdir / "mlflow.db").exists()
+
+
 def write_distribution(site: Path, name: str, version: str, entry_points: dict[str, dict[str, str]],
                        modules: dict[str, str] | None = None) -> Path:
     """Write what ``pip install`` leaves behind: a .dist-info with entry_points.txt, plus module files."""

@@ -22,7 +22,7 @@ from lit.commands import main
 from lit.errors import UserInputError
 from lit.sweep import protocol as P
 from lit.sweep.grid import build_children, build_variants, find_baseline, parse_variant, split_top_level
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import REPO, assert_refused_in_one_line, subprocess_env
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
 TINY = ["--model.arch.d_model=32", "--model.arch.n_layers=2", "--model.arch.n_heads=2", "--data.block_size=16",
@@ -379,12 +379,7 @@ def test_a_key_or_value_the_recipe_rejects_is_one_line_before_anything_trains(tm
 ])
 def test_bad_options_are_one_line_and_exit_code_2(workdir, capsys, args, expected):
     # These are refused before the sweep touches the store or forks, so they can run in this process.
-    with pytest.raises(SystemExit) as e:
-        main(["sweep", "--config", BASELINE, *args, *TINY])
-    assert e.value.code == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and expected in errors[0]
-    assert not (workdir / "mlflow.db").exists()
+    assert_refused_in_one_line(workdir, capsys, ["sweep", "--config", BASELINE, *args, *TINY], expected)
 
 
 def test_a_missing_recipe_is_one_line(workdir, capsys):

@@ -21,7 +21,7 @@ from lit.sweep import child as child_module
 from lit.sweep import command, local
 from lit.sweep import protocol as P
 from lit.sweep.grid import build_children, build_variants
-from tests.conftest import REPO, fake_sweep_inputs
+from tests.conftest import REPO, assert_refused_in_one_line, fake_sweep_inputs
 from tests.test_sweep_looks import noise
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
@@ -236,12 +236,7 @@ def test_the_protocol_records_it_in_what_identifies_the_sweep(fake_training):
     ([*TUNE, "--shared_value"], "--shared_value needs a variant besides the baseline"),
 ])
 def test_bad_shared_value_options_are_one_line_and_exit_code_2(workdir, capsys, args, expected):
-    with pytest.raises(SystemExit) as e:
-        main(["sweep", "--config", BASELINE, *args])
-    assert e.value.code == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and expected in errors[0], errors
-    assert not (workdir / "mlflow.db").exists()
+    assert_refused_in_one_line(workdir, capsys, ["sweep", "--config", BASELINE, *args], expected)
 
 
 @pytest.mark.slow
