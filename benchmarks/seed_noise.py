@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lit.compare import stats
+
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "out" / "seed_noise"
 PAGE = REPO / "docs" / "seed-noise.md"
@@ -190,7 +192,10 @@ def pairing(rows, arm: str, condition: str, weights: str = "last") -> dict | Non
         return None
     a = np.array([rows[(arm, condition, s)][weights] for s in seeds])
     b = np.array([rows[("baseline", condition, s)][weights] for s in seeds])
-    return {"n": len(seeds), "sd_arm": a.std(ddof=1), "sd_base": b.std(ddof=1), "corr": float(np.corrcoef(a, b)[0, 1]),
+    names = [str(s) for s in seeds]
+    # The report's own corr. column, so the page and compare say the same number.
+    corr = stats.seed_correlation(dict(zip(names, a, strict=True)), dict(zip(names, b, strict=True)), names)
+    return {"n": len(seeds), "sd_arm": a.std(ddof=1), "sd_base": b.std(ddof=1), "corr": corr,
             "paired_sd": (a - b).std(ddof=1), "unpaired_sd": math.sqrt(a.var(ddof=1) + b.var(ddof=1)),
             "mean": float((a - b).mean())}
 

@@ -37,6 +37,8 @@ from torch.utils._pytree import tree_flatten
 BY_NAME, CONSTRUCTION_ORDER = "by_name", "construction_order"
 RULES = (BY_NAME, CONSTRUCTION_ORDER)
 SCRATCH = "(no parameter)"  # the name of random calls whose values end in no parameter or buffer
+UNSTABLE_BUILD = ("the model's two builds drew different random numbers (its construction depends on something "
+                  "other than its config); build it with random_numbers=construction_order")
 
 
 def keyed_seed(*parts: object) -> int:
@@ -98,8 +100,7 @@ class _DrawByName(TorchDispatchMode):
         if not _is_random(func):
             return func(*args, **kwargs)
         if self.index >= len(self.calls) or self.calls[self.index] != func:
-            raise RuntimeError("the model's two builds drew different random numbers (its construction depends on "
-                               "something other than its config); build it with random_numbers=construction_order")
+            raise RuntimeError(UNSTABLE_BUILD)
         name = self.names[self.index]
         self.index += 1
         rank = self.rank[name]
@@ -151,8 +152,7 @@ def build(factory: Callable[[], nn.Module], rule: str, seed: int | None = None) 
     with _DrawByName(seed, names, recorder.calls) as drawing:
         model = factory()
     if drawing.index != len(names):
-        raise RuntimeError("the model's two builds drew different random numbers (its construction depends on "
-                           "something other than its config); build it with random_numbers=construction_order")
+        raise RuntimeError(UNSTABLE_BUILD)
     torch.manual_seed(keyed_seed(seed, "after the build"))
     return model
 
