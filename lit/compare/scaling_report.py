@@ -227,7 +227,7 @@ def verdict(a: ScalingAnalysis) -> Verdict:
     else:
         headline = (f"**The law {why}: it is a local description of this range, not a law to extrapolate.** The "
                     "per-rung multipliers lead (unmarked ones are read off the baseline's observed runs, with no "
-                    "law); the multiplier at the target compute and the trend are conditional on the law.")
+                    "law); the multiplier at the target compute is conditional on the law.")
     return Verdict(holds, headline, checks)
 
 
