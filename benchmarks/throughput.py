@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict:
             models[XT] = build_x_transformers(xt, args, hidden)
     for residual in args.residuals:
         torch.manual_seed(args.seed)
-        models[f"{OURS}+{residual}"] = build_ours(args, residual)[0]
+        models[f"{OURS}+{residual}"] = build_ours(args, residual=residual)[0]
 
     benches = []
     for name, model in models.items():
