@@ -37,3 +37,18 @@ def test_the_benchmarks_time_with_the_shared_loop():
 
     for module in (throughput, ngpt_throughput, optimizer_overhead):
         assert module.timed is timing.timed and module.interleave is timing.interleave, module.__name__
+
+
+def test_run_rounds_fills_each_contenders_rates_per_round(capsys):
+    import torch
+
+    from benchmarks.timing import Contender, report, run_rounds, training_step
+
+    x = torch.randn(4, 8)
+    contenders = [Contender(name, model, training_step(model, lambda m: m(x).square().mean()))
+                  for name, model in (("small", torch.nn.Linear(8, 8)), ("large", torch.nn.Linear(8, 64)))]
+    run_rounds(contenders, items_per_step=4, steps=2, rounds=3, warmup=1, unit="rows/s")
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["round 1/3", "round 2/3", "round 3/3"]
+    assert all(len(c.rates) == 3 and min(c.rates) > 0 for c in contenders)
+    assert set(report(contenders, "rows/s")) == {"small/large"}
