@@ -14,8 +14,9 @@ vocab 256):
 * ``nGPT-pytorch manual``: the same with ``manual_norm_weights=True`` and ``norm_weights_()`` after each
   step (NVIDIA's step-then-retract scheme, like ours).
 
-Protocol as ``benchmarks/throughput.py``: warmup, then interleaved rounds with a rotating order; the
-median over rounds is reported. The renormalisation's own cost is timed separately (median of many calls).
+Protocol as ``benchmarks/throughput.py`` (``benchmarks/timing.py``'s loop): warmup, then interleaved rounds with a
+rotating order; the median over rounds is reported. The renormalisation's own cost is timed separately (median
+of many calls).
 
     pip install -e ".[bench]"
     python benchmarks/ngpt_throughput.py --rounds 7 --steps 15
@@ -43,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from arch_plugins.constraints import renormalize_  # noqa: E402
 from benchmarks.ngpt_pytorch_peer import import_ngpt_pytorch  # noqa: E402
 from benchmarks.throughput import Bench, count_params  # noqa: E402
+from benchmarks.timing import interleave, timed  # noqa: E402
 from lit.models import GPT, TransformerConfig  # noqa: E402
 
 OURS_NGPT, OURS_GPT, LUC, LUC_MANUAL = "ours nGPT", "ours GPT", "nGPT-pytorch", "nGPT-pytorch manual"
@@ -84,13 +86,6 @@ def make_step(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, vocab:
 
 
 CLOCK = time.perf_counter  # --cpu_time switches to time.process_time
-
-
-def timed(step: Callable[[], None], n: int) -> float:
-    start = CLOCK()
-    for _ in range(n):
-        step()
-    return CLOCK() - start
 
 
 def median_ms(fn: Callable[[], object], n: int) -> float:
@@ -166,18 +161,17 @@ def main(argv: list[str] | None = None) -> dict:
     for b in benches:
         print(f"  {b.name:<20} {b.params:>12,} params")
 
-    for b in benches:
-        timed(b.step, args.warmup)
-    for r in range(args.rounds):
-        order = benches[r % len(benches):] + benches[:r % len(benches)]
-        for b in order:
-            b.tokens_per_s.append(args.steps * tokens_per_step / timed(b.step, args.steps))
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{b.name} {b.tokens_per_s[-1]:,.0f}" for b in benches)
-              + " tok/s", flush=True)
+    by_name = {b.name: b for b in benches}
+    rates = interleave(list(by_name),
+                       lambda name: args.steps * tokens_per_step / timed(by_name[name].step, args.steps, CLOCK),
+                       args.rounds, warmup=lambda name: timed(by_name[name].step, args.warmup, CLOCK),
+                       after_round=lambda r, latest: print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                           f"{name} {rate:,.0f}" for name, rate in latest.items()) + " tok/s", flush=True))
+    for name, values in rates.items():
+        by_name[name].tokens_per_s.extend(values)
 
     renorm_ms = median_ms(lambda: renormalize_(ours_ngpt), 50)
     luc_renorm_ms = median_ms(luc_manual.norm_weights_, 50)
-    by_name = {b.name: b for b in benches}
     ours = by_name[OURS_NGPT].median
     step_ms = 1e3 * tokens_per_step / ours
     ratios = {

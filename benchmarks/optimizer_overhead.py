@@ -6,8 +6,9 @@ by ``--model.optimizer=adamw`` and one by ``--model.optimizer=muon`` (Muon for t
 and gate|up orthogonalised per part, 5 Newton-Schulz steps in bf16; AdamW for the rest), each through the
 optimizer plugin as a run builds it. A step: forward, cross-entropy, backward, optimizer step, zero_grad.
 
-Protocol: untimed warmup steps for each, then ``--rounds`` rounds in which both run ``--steps`` timed steps in
-turn, the order alternating per round, so machine noise hits both alike. Reported: the median over rounds of the
+Protocol (``benchmarks/timing.py``'s, shared by the throughput benchmarks): untimed warmup steps for each, then
+``--rounds`` rounds in which both run ``--steps`` timed steps in turn, the order alternating per round, so machine
+noise hits both alike. Reported: the median over rounds of the
 per-round ratio (Muon step time / AdamW step time) with its range, and the optimizer step alone (timed apart, on
 the same gradients), which the noise of forward and backward does not touch.
 
@@ -22,13 +23,13 @@ import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from arch_plugins import registry
+from benchmarks.timing import interleave, timed
 from lit.models import GPT, TransformerConfig
 
 OPTIMIZERS = {"adamw": {}, "muon": {"lr": 0.02, "adjust_lr": "original"}}
@@ -76,39 +77,28 @@ def main(argv: list[str] | None = None) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def timed(name: str, n: int) -> float:
-        sync(args.device)
-        start = time.perf_counter()
-        for _ in range(n):
-            step(name)
-        sync(args.device)
-        return (time.perf_counter() - start) / n
+    device_sync = lambda: sync(args.device)  # noqa: E731
+
+    def per_step(name: str, n: int) -> float:
+        return timed(lambda: step(name), n, sync=device_sync) / n
 
     def optimizer_step_alone(name: str, n: int) -> float:
         model, optimizer = contenders[name]
         F.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten()).backward()
-        sync(args.device)
-        start = time.perf_counter()
-        for _ in range(n):
-            optimizer.step()
-        sync(args.device)
-        elapsed = (time.perf_counter() - start) / n
+        elapsed = timed(optimizer.step, n, sync=device_sync) / n
         optimizer.zero_grad(set_to_none=True)
         return elapsed
 
     load_before = os.getloadavg()[0]
-    for name in OPTIMIZERS:
-        timed(name, args.warmup)
-    times: dict[str, list[float]] = {name: [] for name in OPTIMIZERS}
-    alone: dict[str, list[float]] = {name: [] for name in OPTIMIZERS}
     order = list(OPTIMIZERS)
-    for r in range(args.rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            times[name].append(timed(name, args.steps))
-            alone[name].append(optimizer_step_alone(name, args.steps))
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{n} {times[n][-1] * 1e3:.1f} ms/step (optimizer {alone[n][-1] * 1e3:.1f} ms)" for n in order),
-            flush=True)
+    measured = interleave(
+        order, lambda name: (per_step(name, args.steps), optimizer_step_alone(name, args.steps)), args.rounds,
+        warmup=lambda name: per_step(name, args.warmup),
+        after_round=lambda r, latest: print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+            f"{n} {latest[n][0] * 1e3:.1f} ms/step (optimizer {latest[n][1] * 1e3:.1f} ms)" for n in order),
+            flush=True))
+    times = {name: [whole for whole, _ in values] for name, values in measured.items()}
+    alone = {name: [optimizer for _, optimizer in values] for name, values in measured.items()}
 
     ratios = [m / a for m, a in zip(times["muon"], times["adamw"], strict=True)]
     result = {

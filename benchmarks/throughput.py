@@ -13,10 +13,10 @@ All three are pre-RMSNorm, full-head RoPE, causal SDPA, SwiGLU with the same hid
 (``TransformerConfig.resolved_mlp_hidden()``), no biases, a final norm and an untied LM head, so
 their parameter counts agree (printed; a warning is printed if they differ by more than 1%).
 
-Protocol: each model gets ``--warmup`` untimed steps, then ``--rounds`` rounds in which every model
-runs ``--steps`` timed steps in turn (the order rotates each round), so machine noise hits all
-models alike. The reported figure is the median over rounds; the ratios are ours / other, so a
-ratio below 1 means ours is slower. ``torch.set_num_threads`` is left at its default.
+Protocol (``benchmarks/timing.py``, shared by the benchmarks): each model gets ``--warmup`` untimed steps,
+then ``--rounds`` rounds in which every model runs ``--steps`` timed steps in turn (the order rotates each
+round), so machine noise hits all models alike. The reported figure is the median over rounds; the ratios are
+ours / other, so a ratio below 1 means ours is slower. ``torch.set_num_threads`` is left at its default.
 
 Run from the repository root::
 
@@ -41,17 +41,21 @@ import json
 import math
 import platform
 import statistics
-import time
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lit.models import GPT, TransformerConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: benchmarks/ is not a package
+
+from benchmarks.timing import interleave, timed  # noqa: E402
+from lit.models import GPT, TransformerConfig  # noqa: E402
 
 OURS, PLAIN, XT = "ours", "plain", "x-transformers"
 
@@ -205,13 +209,6 @@ def make_step(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, vocab:
     return step
 
 
-def timed(step: Callable[[], None], n: int) -> float:
-    start = time.perf_counter()
-    for _ in range(n):
-        step()
-    return time.perf_counter() - start
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -279,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
             models[XT] = build_x_transformers(xt, args, hidden)
     for residual in args.residuals:
         torch.manual_seed(args.seed)
-        models[f"{OURS}+{residual}"] = build_ours(args, residual)[0]
+        models[f"{OURS}+{residual}"] = build_ours(args, residual=residual)[0]
 
     benches = []
     for name, model in models.items():
@@ -302,14 +299,13 @@ def main(argv: list[str] | None = None) -> dict:
         if b.name in (PLAIN, XT) and abs(b.params - ref) / ref > 0.01:
             print(f"warning: {b.name} has {b.params:,} params, {100 * (b.params - ref) / ref:+.2f}% vs ours")
 
-    for b in benches:
-        timed(b.step, args.warmup)
-    for r in range(args.rounds):
-        order = benches[r % len(benches):] + benches[:r % len(benches)]  # rotate who goes first
-        for b in order:
-            b.tokens_per_s.append(args.steps * tokens_per_step / timed(b.step, args.steps))
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{b.name} {b.tokens_per_s[-1]:,.0f}" for b in benches)
-              + " tok/s", flush=True)
+    by_name = {b.name: b for b in benches}
+    rates = interleave(list(by_name), lambda name: args.steps * tokens_per_step / timed(by_name[name].step, args.steps),
+                       args.rounds, warmup=lambda name: timed(by_name[name].step, args.warmup),
+                       after_round=lambda r, latest: print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                           f"{name} {rate:,.0f}" for name, rate in latest.items()) + " tok/s", flush=True))
+    for name, values in rates.items():
+        by_name[name].tokens_per_s.extend(values)
 
     ours = benches[0].median
     print()

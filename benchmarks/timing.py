@@ -1,16 +1,19 @@
 """The measurement protocol every benchmark here shares: interleaved rounds of timed training steps.
 
 Each contender gets untimed warmup steps, then in every round each runs ``steps`` timed steps in
-turn, the order rotating per round, so machine noise hits all alike; the median rate over rounds is
-reported. One process, same inputs, same optimizer (AdamW).
+turn, the order rotating per round (with two contenders: alternating), so machine noise hits all
+alike; the median over rounds is reported. ``timed`` and ``interleave`` are the loop itself, used by
+``throughput.py``, ``ngpt_throughput.py``, ``optimizer_overhead.py`` and, through ``run_rounds``
+(one process, same inputs, same optimizer: AdamW), by ``vit_throughput.py`` and ``pattention_vs_mlp.py``.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -44,22 +47,52 @@ def training_step(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor]
     return step
 
 
-def _timed(step: Callable[[], None], n: int) -> float:
-    start = time.perf_counter()
+T = TypeVar("T")
+
+
+def timed(step: Callable[[], object], n: int, clock: Callable[[], float] = time.perf_counter,
+          sync: Callable[[], None] | None = None) -> float:
+    """Seconds ``clock`` counts over ``n`` calls of ``step``; ``sync`` (a device synchronisation) before and
+    after, so queued device work is inside the window and none from before it."""
+    if sync is not None:
+        sync()
+    start = clock()
     for _ in range(n):
         step()
-    return time.perf_counter() - start
+    if sync is not None:
+        sync()
+    return clock() - start
+
+
+def interleave(names: Sequence[str], measure: Callable[[str], T], rounds: int,
+               warmup: Callable[[str], object] | None = None,
+               after_round: Callable[[int, dict[str, T]], None] | None = None) -> dict[str, list[T]]:
+    """``rounds`` rounds of ``measure(name)`` for every contender, the order rotating each round (round r starts
+    at contender r mod n), after one ``warmup(name)`` each; ``after_round(r, latest)`` once a round is done.
+    Returns each contender's measurements, one per round, in round order."""
+    if warmup is not None:
+        for name in names:
+            warmup(name)
+    results: dict[str, list[T]] = {name: [] for name in names}
+    for r in range(rounds):
+        first = r % len(names)
+        for name in list(names[first:]) + list(names[:first]):
+            results[name].append(measure(name))
+        if after_round is not None:
+            after_round(r, {name: values[-1] for name, values in results.items()})
+    return results
 
 
 def run_rounds(contenders: list[Contender], items_per_step: int, steps: int, rounds: int, warmup: int,
                unit: str) -> None:
-    for c in contenders:
-        _timed(c.step, warmup)
-    for r in range(rounds):
-        for c in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
-            c.rates.append(steps * items_per_step / _timed(c.step, steps))
-        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{c.name} {c.rates[-1]:,.1f}" for c in contenders)
-              + f" {unit}", flush=True)
+    by_name = {c.name: c for c in contenders}
+    rates = interleave(
+        list(by_name), lambda name: steps * items_per_step / timed(by_name[name].step, steps), rounds,
+        warmup=lambda name: timed(by_name[name].step, warmup),
+        after_round=lambda r, latest: print(f"round {r + 1}/{rounds}: " + ", ".join(
+            f"{name} {rate:,.1f}" for name, rate in latest.items()) + f" {unit}", flush=True))
+    for name, values in rates.items():
+        by_name[name].rates.extend(values)
 
 
 def report(contenders: list[Contender], unit: str) -> dict[str, float]:

@@ -16,6 +16,7 @@ from lit.compare.scaling import (
     TrueLaw,
     calibrate,
     fit_laws,
+    holdout_check,
     holdout_error,
     multipliers,
 )
@@ -128,6 +129,50 @@ def test_simulated_noise_is_drawn_from_a_real_ladder():
 
 
 # --- sweep --ladder ---------------------------------------------------------------------------------------------
+
+# --- failures: a diverged seed is never averaged away (review D8) -------------------------------------------------
+
+def failed_ladder(survivor_shift=0.0):
+    """A baseline, a variant ``v`` whose seed 2 diverged at rung 3 (its two survivors shifted by
+    ``survivor_shift``), and a variant ``w`` worth 1.25x, with seed noise."""
+    rng = np.random.default_rng(3)
+    mean = np.stack([LAW.E + LAW.A * (m * RUNGS) ** -LAW.alpha for m in (1.0, 1.0, 1.25)])
+    loss = mean[:, :, None] + 0.0076 * rng.standard_normal((3, len(RUNGS), 3))
+    loss[1, 3, 2] = np.nan
+    loss[1, 3, :2] += survivor_shift
+    diverged = np.zeros((3, len(RUNGS)), dtype=int)
+    diverged[1, 3] = 1
+    return Ladder(("baseline", "v", "w"), np.stack([RUNGS] * 3), loss, diverged)
+
+
+def test_a_diverged_seed_makes_its_rung_a_failure_with_an_upper_bound():
+    lucky = failed_ladder(survivor_shift=-0.03)  # the survivors are the lucky seeds: their mean flatters v
+    v, w = multipliers(lucky, resamples=300)
+    assert not v.estimable and w.estimable
+    assert np.isnan(v.per_rung[3]) and np.isnan(v.at_target) and np.isnan(v.trend) and not v.depends_on_scale
+    assert list(v.failed) == [False, False, False, True, False] and np.isnan(v.upper_bound[[0, 1, 2, 4]]).all()
+    # The bound is what averaging the survivors would have claimed, above the truth (1) by the lucky shift.
+    assert v.upper_bound[3] > 1.1
+    assert np.isfinite(v.per_rung[[0, 1, 2, 4]]).all()  # its finished rungs are still read
+
+
+def test_a_failed_cells_survivors_feed_no_fit():
+    """Whatever the survivors of a failed cell say, no other number moves: they are in no mean and no fit."""
+    a, b = multipliers(failed_ladder(-0.05), resamples=300), multipliers(failed_ladder(+0.05), resamples=300)
+    assert a[1].at_target == b[1].at_target and np.array_equal(a[1].per_rung, b[1].per_rung)
+    assert np.array_equal(a[0].per_rung, b[0].per_rung, equal_nan=True)
+    assert a[0].upper_bound[3] > b[0].upper_bound[3]  # only the bound reads them
+    errors = [holdout_check(failed_ladder(shift), resamples=200)[0] for shift in (-0.05, 0.05)]
+    assert np.array_equal(errors[0], errors[1])
+
+
+def test_a_failed_baseline_is_refused():
+    ladder = failed_ladder()
+    diverged = np.zeros_like(ladder.diverged)
+    diverged[0, 2] = 1
+    with pytest.raises(ValueError, match="baseline 'baseline' diverged at rung"):
+        multipliers(Ladder(ladder.variants, ladder.compute, ladder.loss, diverged), resamples=100)
+
 
 def sweep_args(*extra):
     from lit.sweep.command import parser
@@ -264,7 +309,8 @@ VARIANTS = {"base": 1.0, "better": 1.25, "worse": 0.8}
 TOKENS_PER_S = {"base": 1000.0, "better": 900.0, "worse": 1000.0}
 
 
-def log_ladder(client, experiment_id, sweep_id, rungs, rng, ladder=True, children=True):
+def log_ladder(client, experiment_id, sweep_id, rungs, rng, ladder=True, children=True, diverge=()):
+    """A ladder sweep in MLflow; ``diverge``: (variant, rung, seed) runs that diverge (FAILED, no final loss)."""
     from mlflow.entities import Metric
 
     spec = {"sweep_id": sweep_id, "variants": [{"label": v, "overrides": {}} for v in VARIANTS],
@@ -291,13 +337,16 @@ def log_ladder(client, experiment_id, sweep_id, rungs, rng, ladder=True, childre
                 tags = {protocol.ROLE: "child", protocol.SWEEP_ID: sweep_id, protocol.VARIANT: variant,
                         protocol.SEED: str(s), protocol.SEED_INDEX: str(s), protocol.PHASE: "seed",
                         protocol.FINAL: "true", protocol.PARENT_RUN: parent_id, protocol.RUNG: str(r)}
+                if (variant, r, s) in diverge:
+                    tags[protocol.OUTCOME] = protocol.DIVERGED_OUTCOME
                 run = client.create_run(experiment_id, tags=tags)
                 client.log_batch(run.info.run_id, metrics=[
-                    Metric("val/loss", loss, 0, 100), Metric("train/flops", compute, 0, 100),
+                    Metric("train/flops", compute / (3 if (variant, r, s) in diverge else 1), 0, 100),
                     Metric("model/flops_per_token", per_token, 0, 0),
-                    Metric("train/tokens_per_s", TOKENS_PER_S[variant], 0, 50)])
-                client.set_terminated(run.info.run_id)
-        for lr, bump in ((1.5e-3, 0.02), (6e-3, -0.01)):  # 2 lr is better: the rung's lr is at an edge
+                    Metric("train/tokens_per_s", TOKENS_PER_S[variant], 0, 50)]
+                    + ([] if (variant, r, s) in diverge else [Metric("val/loss", loss, 0, 100)]))
+                client.set_terminated(run.info.run_id, "FAILED" if (variant, r, s) in diverge else "FINISHED")
+        for lr, bump in ((1.5e-3, 0.02), (6e-3, -0.01)) if not diverge else ():  # 2 lr is better: an edge
             tags = {protocol.ROLE: "child", protocol.VARIANT: "base", protocol.SEED: "0", protocol.SEED_INDEX: "0",
                     protocol.PHASE: "lr_check", protocol.PARENT_RUN: parent_id, protocol.RUNG: str(r),
                     protocol.LR_CHECK_VALUE: repr(lr)}
@@ -320,10 +369,13 @@ def ladder_store(tmp_path_factory, empty_store):
     client = MlflowClient(uri)
     rng = np.random.default_rng(7)
     ids = {}
+    diverge = {"diverged": (("better", 3, 1),), "baseline_diverged": (("base", 1, 0), ("better", 2, 2))}
     for name, rungs, ladder in (("ladder", LAW.rungs[:4], True), ("short", LAW.rungs[:2], True),
-                                ("flat", LAW.rungs[:4], False)):
+                                ("flat", LAW.rungs[:4], False), ("diverged", LAW.rungs[:4], True),
+                                ("baseline_diverged", LAW.rungs[:3], True)):
         exp = client.create_experiment(name, artifact_location=str(root / f"artifacts-{name}"))
-        ids[name] = log_ladder(client, exp, f"sweep-{name}", rungs, rng, ladder, children=name == "ladder")
+        ids[name] = log_ladder(client, exp, f"sweep-{name}", rungs, rng, ladder,
+                               children=name not in ("short", "flat"), diverge=diverge.get(name, ()))
     return {"uri": uri, "ids": ids}
 
 
@@ -378,6 +430,28 @@ def test_compare_scaling_reports_multipliers_intervals_and_figures(ladder_store,
         assert (tmp_path / "rep" / name).stat().st_size > 10_000
 
 
+def test_compare_scaling_counts_a_diverged_run_as_a_failure_of_its_variant(ladder_store, tmp_path, monkeypatch,
+                                                                            capsys):
+    code, out, err = run_scaling(ladder_store, tmp_path, monkeypatch, capsys, "--experiment", "diverged",
+                                 "--calibration_ladders", "0")
+    assert code == 0, err
+    checks = out[out.index("## Checks"):out.index("## Multipliers per rung")]
+    assert "**better diverged** at rung 3 (1 of 3 seeds)" in checks and "worse diverged" not in checks
+    per_rung = table_after(out, "| variant | rung 0")
+    assert per_rung["better"][4].startswith("<= ") and "(diverged 1/3)" in per_rung["better"][4]
+    assert all(interval(c) for c in per_rung["better"][1:4] + per_rung["worse"][1:])  # the rest are read
+    at_target = table_after(out, "At the target compute")
+    assert at_target["better"][1] == "not estimable (diverged at rung 3)" and at_target["better"][4] == "n/a"
+    assert interval(at_target["worse"][1])
+    assert "n/a (diverged at the largest rung)" in table_after(out, "| variant | A |")["better"][3]
+
+
+def test_compare_scaling_refuses_a_diverged_baseline_in_one_line(ladder_store, tmp_path, monkeypatch, capsys):
+    code, out, err = run_scaling(ladder_store, tmp_path, monkeypatch, capsys, "--experiment", "baseline_diverged")
+    assert code == 2 and len(err) == 1 and err[0].startswith("error:"), err
+    assert "baseline 'base' diverged at rung 1 (1 of 3 seeds)" in err[0] and "pass --baseline worse" in err[0]
+
+
 def test_compare_scaling_pinned_irreducible_is_stated(ladder_store, tmp_path, monkeypatch, capsys):
     code, out, err = run_scaling(ladder_store, tmp_path, monkeypatch, capsys, "--experiment", "ladder",
                                  "--irreducible", str(LAW.E), "--calibration_ladders", "0")
@@ -411,6 +485,87 @@ def test_ladder_namespace_defaults_are_off():
     a = SimpleNamespace(ladder=None, tokens_per_param=None, ladder_lr="fixed", ladder_lr_check=None,
                         ladder_warmup=0.1, tune=None)
     assert plan(a, [], "recipes/gpt_baseline.yaml", [], None) is None
+
+
+# --- the report's own checks (review D5) ----------------------------------------------------------------------------
+
+def fake_sweep(ladder, checked=(), edge_at=()):
+    """A LadderSweep around ``ladder`` as load_ladder returns it; ``checked`` variants ran the lr check at every
+    rung, 2 lr winning at the rungs in ``edge_at``."""
+    import pandas as pd
+
+    from lit.compare.ladder_runs import RUN_COLUMNS, LadderSweep
+
+    V, R, _ = ladder.loss.shape
+    rungs = [{"index": r, "label": f"d_model={16 * (r + 1)}", "parameters": 1000 * (r + 1), "tokens": 10 ** 6,
+              "steps": 100, "compute": float(ladder.compute[0, r])} for r in range(R)]
+    spec = {"sweep_id": "fake", "ladder": {"rungs": rungs, "lr_rule": "the recipe's learning rate",
+                                           "lr_check": list(checked), "variant_lr": {v: 1e-3 for v in ladder.variants}}}
+    checks = [(v, r, lr, 2.0 + (0.1 if (lr == 5e-4 or (lr == 2e-3 and r not in edge_at)) else -0.1 * (lr == 2e-3)))
+              for v in checked for r in range(R) for lr in (5e-4, 1e-3, 2e-3)]
+    lr_check = pd.DataFrame(checks, columns=["variant", "rung", "lr", "loss"])
+    return LadderSweep("fake", spec, "val/loss", ladder, pd.DataFrame([], columns=list(RUN_COLUMNS)),
+                       np.ones((V, R)), lr_check)
+
+
+def test_e_position_names_the_bound_it_sits_at():
+    from lit.compare.scaling_report import e_position
+
+    assert "sits at its lower bound 0: the fit is not identified" in e_position(0.0, 1.8, pinned=False)
+    assert "sits at its upper bound, the lowest mean loss 1.8000" in e_position(1.7999, 1.8, pinned=False)
+    assert "lies inside its bounds [0, 1.8000)" in e_position(1.2, 1.8, pinned=False)
+    assert "pinned at 1.2" in e_position(1.2, 1.8, pinned=True)
+
+
+@pytest.mark.parametrize("errors, fails, says", [
+    ((0.02, 0.03, 0.01, 0.05, 0.04), True, "all 5 hold-out errors positive"),  # inside, but a shared bias
+    ((-0.02, -0.01, -0.03), False, "with 3 variants this may be chance"),
+    ((0.02, -0.01, 0.03, -0.02), False, "both signs (2 positive, 2 negative)"),
+    ((0.02, -0.09, 0.03, -0.02), True, "1 of 4 outside its seed interval (v1)"),
+])
+def test_holdout_sign_pattern(errors, fails, says):
+    from lit.compare.scaling_report import holdout_pattern
+
+    errors = np.asarray(errors)
+    failed, sentence = holdout_pattern(errors, np.full_like(errors, 0.06), tuple(f"v{i}" for i in range(len(errors))))
+    assert failed is fails and says in sentence
+    assert ("the law is misspecified" in sentence) is (len(errors) >= 4 and len(set(np.sign(errors))) == 1)
+
+
+def test_lr_checks_name_the_unchecked_variants_and_the_edges():
+    from lit.compare.scaling_report import lr_checks
+
+    ladder = law_ladder()
+    lines = lr_checks(fake_sweep(ladder))
+    assert len(lines) == 1 and lines[0].startswith("No variant's learning rate was checked")
+    lines = lr_checks(fake_sweep(ladder, checked=("baseline",), edge_at=(0, 4)))
+    assert "**not checked: variant**" in lines[0]
+    assert "at its grid's **edge** at rung(s) 0 (2 lr better), 4 (2 lr better)" in lines[1]
+    lines = lr_checks(fake_sweep(ladder, checked=("baseline", "variant")))
+    assert lines[0] == "Every variant's learning rate was checked."
+    assert all("at the centre of its check at every checked rung" in line for line in lines[1:])
+
+
+def report_of(ladder):
+    from lit.compare.scaling_report import analyze_scaling, render_scaling
+
+    return render_scaling(analyze_scaling(fake_sweep(ladder, checked=("baseline",)), None, None, 0.95,
+                                          resamples=300, calibration_ladders=0), [])
+
+
+def test_a_law_that_fails_its_hold_out_is_a_local_description_and_the_per_rung_multipliers_lead():
+    """One rule: the report's order and words follow the hold-out."""
+    held = law_ladder(noise=0.0076, rng=np.random.default_rng(0))  # its hold-out passes
+    out = report_of(held)
+    assert "The law passes its hold-out" in out and "local description" not in out
+    assert out.index("## Fitted laws") < out.index("## Multipliers per rung") < out.index("## Multiplier at the target")
+    # The same ladder, its largest rung 0.05 above the law for both: every error negative and outside.
+    bent = Ladder(held.variants, held.compute, held.loss + np.array([0, 0, 0, 0, 0.05])[None, :, None])
+    out = report_of(bent)
+    assert "**The law fails its hold-out: it is a local description of this range" in out
+    assert out.index("## Multipliers per rung") < out.index("## Fitted laws (a local description)") \
+        < out.index("## Multiplier at the target compute (conditional on the law)")
+    assert "2 of 2 outside its seed interval" in out
 
 
 # --- a real tiny ladder, end to end (slow: 14 short fits) ----------------------------------------------------------

@@ -51,6 +51,10 @@ With --scaling, reports a ladder sweep (`cli.py sweep --ladder`) instead: per va
 A C^-alpha (E shared, or pinned with --irreducible), the effective-compute multiplier against the baseline at each
 rung and at --target_compute with paired-bootstrap intervals, the wall-clock multiplier beside it, whether the
 multiplier changes with scale, the hold-out check at the largest rung, and loss-vs-compute and multiplier figures.
+The report opens with its own checks (E against its bounds, the hold-out errors' signs, which variants' learning
+rates were checked and where one sits at its grid's edge); a law that fails its hold-out is called a local
+description and the per-rung multipliers come first. A rung where a variant's seed diverged is a failure of that
+variant: an upper bound there, its target multiplier not estimable.
 
 Writes report.md and PNG figures into --out, prints the Markdown, and logs the files into the parent run
 under the artifact folder report/."""

@@ -4,7 +4,9 @@ throughput, and the learning-rate check runs. Like ``runs.py``, nothing but the 
 A run's compute is its last ``train/flops`` (the sweep rounds each rung's steps to whole logging intervals, so the
 last logged value is the total); a variant's compute at a rung is the median over its seeds (they are equal).
 Its throughput in FLOP/s is ``train/tokens_per_s`` (median of its logged values) times ``model/flops_per_token``.
-A diverged run has no final loss: it is missing from the fit, and the report says so.
+A diverged run has no final loss, and is never dropped: it makes its (variant, rung) a failure (``Ladder.diverged``
+counts them), which takes that cell out of every fit and leaves the variant's multiplier there an upper bound
+(``lit/compare/scaling.py``, "Failures"); the report flags it per variant.
 """
 
 from __future__ import annotations
@@ -110,21 +112,33 @@ def load_ladder(client: MlflowClient, parent: Run, metric: str | None = None,
     loss = np.full((V, R, S), np.nan)
     compute = np.full((V, R), np.nan)
     speed = np.full((V, R), np.nan)
+    diverged = np.zeros((V, R), dtype=int)
     for (variant, rung), group in runs.groupby(["variant", "rung"]):
         v = variants.index(variant)
         loss[v, rung, group.seed_index.to_numpy()] = group.loss.to_numpy()
-        compute[v, rung] = np.nanmedian(group.flops.to_numpy()) if group.flops.notna().any() else np.nan
-        speed[v, rung] = np.nanmedian(group.flops_per_s) if group.flops_per_s.notna().any() else np.nan
+        diverged[v, rung] = int((group.outcome == P.DIVERGED_OUTCOME).sum())
+        done = group[group.outcome == P.FINISHED_OUTCOME]  # a diverged run stopped early: its FLOPs are not the rung's
+        if done.flops.notna().any():
+            compute[v, rung] = np.nanmedian(done.flops.to_numpy())
+        elif diverged[v, rung]:  # every seed diverged: the rung's planned compute, for the figure's x axis only
+            compute[v, rung] = float(rungs[rung].get("compute", np.nan))
+        speed[v, rung] = np.nanmedian(done.flops_per_s) if done.flops_per_s.notna().any() else np.nan
     empty = [(variants[v], rungs[r]["label"]) for v in range(V) for r in range(R)
-             if np.isnan(compute[v, r]) or np.isnan(loss[v, r]).all()]
+             if np.isnan(compute[v, r]) or (np.isnan(loss[v, r]).all() and not diverged[v, r])]
     if empty:
         variant, rung = empty[0]
         raise UserInputError(f"ladder sweep {sweep}: variant {variant!r} has no finished run with {metric!r} and "
                              f"train/flops at rung {rung} ({len(empty)} such cells); rerun the sweep command to "
                              "finish it")
     lr_check = _lr_check_table(checks, runs, spec)
-    return LadderSweep(sweep, spec, metric, Ladder(tuple(variants), compute, loss), runs.reset_index(drop=True),
-                       speed, lr_check)
+    if diverged[0].any():
+        failed = ", ".join(f"rung {r} ({diverged[0, r]} of {S} seeds)" for r in np.flatnonzero(diverged[0]))
+        clean = [variants[v] for v in range(1, V) if not diverged[v].any()]
+        raise UserInputError(f"ladder sweep {sweep}: the baseline {base!r} diverged at {failed}; it is every "
+                             "multiplier's yardstick, so none is estimable against it: "
+                             + (f"pass --baseline {clean[0]}" if clean else "rerun the ladder at a lower lr"))
+    return LadderSweep(sweep, spec, metric, Ladder(tuple(variants), compute, loss, diverged),
+                       runs.reset_index(drop=True), speed, lr_check)
 
 
 def _flops_per_s(client: MlflowClient, run: Run) -> float:

@@ -18,6 +18,14 @@ E is chosen on a grid (refined around its best point) to minimise the squared er
 space, the space Hoffmann et al. fit in. Being closed-form, a fit costs microseconds, so the bootstrap refits
 thousands of resampled ladders at once (arrays of shape (ladders, resamples, variants, rungs)).
 
+Failures. A run that diverged has no final loss, and averaging a variant over the seeds that survived would
+bias its multiplier upward (the survivors are its lucky seeds). So a (variant, rung) with any diverged seed is a
+failure of that variant there: its survivors are not averaged into a point, the cell takes no part in any fit
+(the shared E and exponent, the hold-out, the noise of the calibration), and the variant's multiplier there is
+only an upper bound, the survivors' value (a divergence counts as no better than the variant's worst finished
+seed, so its mean loss is at least the survivors' mean, and the multiplier falls as the loss rises). Its
+multiplier at the target compute and its trend rest on its law over every rung: not estimable.
+
 Uncertainty. Seeds pair across variants and rungs (seed i is the init and data-order seed of every run with
 index i), so resampling draws seed indices with replacement and keeps every run of a drawn index together; the
 fit is redone per resample. With the three to five seeds a CPU ladder affords, the percentile interval of so few
@@ -48,19 +56,37 @@ class Ladder:
 
     ``compute[v, r]``: the training FLOPs of variant v's runs at rung r (variants may spend different compute
     at one rung: a plugin that adds matrices adds FLOPs). Variant 0 is the baseline.
+
+    ``diverged[v, r]``: how many of that cell's seeds diverged (their ``loss`` is NaN); any makes the cell a
+    failure (see the module's "Failures").
     """
 
     variants: tuple[str, ...]
     compute: np.ndarray  # (V, R)
     loss: np.ndarray  # (V, R, S)
+    diverged: np.ndarray | None = None  # (V, R) counts; None: none diverged
 
     def __post_init__(self):
         V, R = self.compute.shape
         if self.loss.shape[:2] != (V, R) or len(self.variants) != V:
             raise ValueError(f"shapes disagree: {len(self.variants)} variants, compute {self.compute.shape}, "
                              f"loss {self.loss.shape}")
+        if self.diverged is not None and np.shape(self.diverged) != (V, R):
+            raise ValueError(f"diverged has shape {np.shape(self.diverged)}, not {(V, R)}")
         if R < 3:
             raise ValueError(f"a scaling law needs at least 3 rungs, got {R}")
+
+    @property
+    def failed(self) -> np.ndarray:
+        """(V, R) bool: the cells where a seed diverged."""
+        if self.diverged is None:
+            return np.zeros(self.compute.shape, dtype=bool)
+        return np.asarray(self.diverged) > 0
+
+    @property
+    def counted_loss(self) -> np.ndarray:
+        """``loss`` with every failed cell wholly missing: what the fits see (survivors are never averaged)."""
+        return np.where(self.failed[..., None], np.nan, self.loss)
 
 
 @dataclass(frozen=True)
@@ -163,12 +189,19 @@ class Multipliers:
     trend_interval: tuple[float, float]
     alpha: float  # the variant's own fitted exponent, at the shared fit's E (descriptive)
     alpha_baseline: float
+    failed: np.ndarray  # (R,) bool: a seed diverged at this rung; per_rung is NaN there, upper_bound holds
+    upper_bound: np.ndarray  # (R,) at a failed rung: the survivors' multiplier, an upper bound (NaN: none survived)
+
+    @property
+    def estimable(self) -> bool:
+        """False when the variant failed at some rung: then at_target and trend are NaN (not estimable)."""
+        return not bool(np.any(self.failed))
 
     @property
     def depends_on_scale(self) -> bool:
         """Whether the multiplier changes with compute (the exponents differ): then the trend is the answer."""
         lo, hi = self.trend_interval
-        return (lo > 0 or hi < 0) and abs(self.trend) > TREND_FLOOR
+        return self.estimable and (lo > 0 or hi < 0) and abs(self.trend) > TREND_FLOOR
 
 
 def _per_rung(laws: Laws, mean_loss: np.ndarray, log_compute: np.ndarray, v: int) -> tuple[np.ndarray, np.ndarray]:
@@ -218,7 +251,9 @@ def _seed_means(loss: np.ndarray, draws: np.ndarray | None) -> np.ndarray:
     """Mean over seeds of loss (..., V, R, S), for each row of seed-index draws (..., B, S): (..., B, V, R);
     without draws, (..., V, R). Leading axes (one per ladder) are shared by ``loss`` and ``draws``."""
     if draws is None:
-        return np.nanmean(loss, axis=-1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a failed cell: every seed missing, NaN
+            return np.nanmean(loss, axis=-1)
     picked = np.take_along_axis(loss[..., None, :, :, :], draws[..., :, None, None, :], axis=-1)  # (..., B, V, R, S)
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a resample whose every seed of a run is missing: NaN
@@ -300,34 +335,56 @@ def multipliers(ladder: Ladder, target_compute: float | None = None, pinned_E: f
     the rungs read off the baseline's observed curve (all rungs where fewer than three are). When that slope
     differs from 0, the multiplier at the target is read from each variant's own exponent instead, and the
     trend is the answer rather than one number.
+
+    Failed cells (``ladder.diverged``) are missing from every fit; a failed variant's multiplier at a failed rung
+    is NaN with the survivors' value as its upper bound, and its target multiplier and trend are NaN. A failed
+    baseline is refused: it is every multiplier's yardstick.
     """
     n = ladder.loss.shape[-1]
     if n < 2:
         raise ValueError("an interval needs at least 2 seeds per run")
+    failed = ladder.failed
+    if failed[0].any():
+        raise ValueError(f"the baseline {ladder.variants[0]!r} diverged at rung(s) "
+                         f"{', '.join(map(str, np.flatnonzero(failed[0])))}: no multiplier is estimable against it")
     target = float(target_compute if target_compute is not None else ladder.compute[0, -1])
     draws = np.random.default_rng(seed).integers(0, n, size=(1, resamples, n))
+    counted = ladder.counted_loss
+    survivors = _seed_means(ladder.loss, None)  # the failed cells' survivors: read only for their bounds
+    free = fit_laws(np.log(ladder.compute), _seed_means(counted, None), pinned_E) if failed.any() else None
     out = []
-    for v, e in enumerate(_estimate(ladder.loss[None], ladder.compute, target, pinned_E, draws, confidence), 1):
+    for v, e in enumerate(_estimate(counted[None], ladder.compute, target, pinned_E, draws, confidence), 1):
         log_m, half_rung, half_at = e.log_m[0], e.half_rung[0], float(e.half_at[0])
         log_at, trend, trend_half = float(e.log_at[0]), float(e.trend[0]), float(e.trend_half[0])
+        bound = np.full(len(log_m), np.nan)
+        if failed[v].any():
+            # The same reading, at the fit without the failed cells, of the survivors' mean: the loss can only be
+            # higher than that, and the multiplier only lower.
+            read, _ = _per_rung(free, survivors, np.log(ladder.compute), v)
+            bound = np.where(failed[v], np.exp(read), np.nan)
+            log_m = np.where(failed[v], np.nan, log_m)
+            half_rung = np.where(failed[v], np.nan, half_rung)
+            log_at = trend = trend_half = half_at = float("nan")
         out.append(Multipliers(
             variant=ladder.variants[v], per_rung=np.exp(log_m),
             per_rung_interval=np.stack([np.exp(log_m - half_rung), np.exp(log_m + half_rung)], axis=-1),
             extrapolated=e.extrapolated[0], at_target=float(np.exp(log_at)),
             target_interval=(float(np.exp(log_at - half_at)), float(np.exp(log_at + half_at))),
             target_compute=target, trend=trend, trend_interval=(trend - trend_half, trend + trend_half),
-            alpha=float(e.alpha[0]), alpha_baseline=float(e.alpha_baseline[0])))
+            alpha=float(e.alpha[0]), alpha_baseline=float(e.alpha_baseline[0]), failed=failed[v].copy(),
+            upper_bound=bound))
     return out
 
 
 def holdout_error(ladder: Ladder, pinned_E: float | None = None) -> np.ndarray:
     """Out-of-sample check: fit without the largest rung, predict each variant's mean loss there.
 
-    Returns predicted minus observed, per variant (V,). Needs at least 4 rungs (3 to fit).
+    Returns predicted minus observed, per variant (V,), NaN for a variant that failed at the largest rung. Needs
+    at least 4 rungs (3 to fit); failed cells take no part.
     """
     if ladder.compute.shape[1] < 4:
         raise ValueError("the hold-out check needs at least 4 rungs: 3 to fit, 1 to predict")
-    mean = _seed_means(ladder.loss, None)
+    mean = _seed_means(ladder.counted_loss, None)
     laws = fit_laws(np.log(ladder.compute[:, :-1]), mean[:, :-1], pinned_E)
     predicted = np.array([laws.loss(ladder.compute[v, -1], v) for v in range(len(ladder.variants))])
     return predicted - mean[:, -1]
@@ -345,13 +402,14 @@ def holdout_check(ladder: Ladder, pinned_E: float | None = None, resamples: int 
     if n < 2:
         return error, np.full_like(error, np.nan)
     draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    boot = _seed_means(ladder.loss, draws)  # (B, V, R)
+    loss = ladder.counted_loss
+    boot = _seed_means(loss, draws)  # (B, V, R)
     laws = fit_laws(np.log(ladder.compute[:, :-1]), boot[..., :-1], pinned_E)
     predicted = np.stack([laws.loss(ladder.compute[v, -1], v) for v in range(len(ladder.variants))], axis=-1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         spread = np.nanvar(np.where(np.isfinite(predicted), predicted, np.nan), axis=0, ddof=1) * n / (n - 1)
-        observed = np.nanvar(ladder.loss[:, -1, :], axis=-1, ddof=1) / np.isfinite(ladder.loss[:, -1, :]).sum(-1)
+        observed = np.nanvar(loss[:, -1, :], axis=-1, ddof=1) / np.isfinite(loss[:, -1, :]).sum(-1)
     t = scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)
     return error, t * np.sqrt(spread + observed)
 
@@ -382,11 +440,12 @@ class TrueLaw:
         pooled standard deviation over seeds of every run, and the correlation of two runs with one seed index
         (the within-rung deviations from the mean, paired across variants; clipped to [0, 0.9], and 0.5 where
         it cannot be estimated). A ladder with 3 seeds estimates both roughly: the simulation says how the
-        interval behaves at about this ladder's noise, not at exactly it."""
-        mean = _seed_means(ladder.loss, None)
+        interval behaves at about this ladder's noise, not at exactly it. Failed cells take no part."""
+        loss = ladder.counted_loss
+        mean = _seed_means(loss, None)
         laws = fit_laws(np.log(ladder.compute), mean)
-        deviation = ladder.loss - mean[..., None]
-        n = np.isfinite(ladder.loss).sum(-1)
+        deviation = loss - mean[..., None]
+        n = np.isfinite(loss).sum(-1)
         pooled = np.nansum(deviation ** 2) / max(int((n - 1).clip(min=0).sum()), 1)
         rho = 0.5
         if ladder.loss.shape[0] > 1:
