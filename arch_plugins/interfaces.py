@@ -247,6 +247,13 @@ class ResidualType:
         """Stream-level state, or None when the stream is a single tensor passed through."""
         return None
 
+    def depth_scaling_conflict(self, stack: StackInfo) -> str | None:
+        """What of this residual a branch multiplier does not depth-scale, for a depth parametrization (CompleteP:
+        each sublayer's output times L^-alpha) to refuse in one line: a term the merge adds to the stream outside
+        the branch, in a few words that end with the option that removes it. None (default): every per-layer
+        change to the stream passes through the branch."""
+        return None
+
 
 class ProjectionType:
     """Decides what maps d_in to d_out inside the block, and optionally what the FFN is made of.
@@ -272,6 +279,12 @@ class ProjectionType:
 
     def ffn(self, layer: int, stack: StackInfo, *, bias: bool, init_std: float) -> nn.Module | None:
         """A whole feed-forward sublayer (d_model -> d_model), or None for the stack's standard MLP."""
+        return None
+
+    def depth_scaling_conflict(self, stack: StackInfo) -> str | None:
+        """A depth rule of this projection's own that a branch multiplier would apply a second time (an init
+        with a 1/n_layers factor), for a depth parametrization (CompleteP) to refuse in one line: a few words
+        that end with the option that removes it. None (default): the projection's init does not follow depth."""
         return None
 
 

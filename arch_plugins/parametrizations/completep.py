@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from arch_plugins.declarations import OptimizerScale
-from arch_plugins.interfaces import Kind, StackInfo
+from arch_plugins.interfaces import Kind, NormStrategy, ProjectionType, ResidualType, StackInfo
 from arch_plugins.parametrizations.base_shape import depth_multiplier, positive
 from arch_plugins.parametrizations.mup import MUP_RULES, MuP
 
@@ -33,9 +33,17 @@ class CompleteP(MuP):
 
     Composition: the multiplier scales what the residual merge receives as the branch (after the sublayer's
     ``*_out`` site, so Peri-LN's output norm does not undo it); a merge with its own learned branch weights
-    (LAUREL, hyper-connections) multiplies them by it; a merge that would fuse its tail is not fused. CompleteP
-    is derived for pre-norm stacks; post-norm's after-add norm rescales the stream whatever the multiplier (not
-    refused; the depth check is what tells). The hypersphere is refused as under ``mup``.
+    (LAUREL-RW's alpha, hyper-connections) multiplies them by it; a merge that would fuse its tail is not fused.
+    CompleteP is derived for pre-norm stacks; post-norm's after-add norm rescales the stream whatever the
+    multiplier (not refused; the depth check is what tells). The hypersphere is refused as under ``mup``.
+
+    Refused, in one line, wherever the residual or the projection declares a depth-scaling conflict
+    (``depth_scaling_conflict``): a term added to the stream beside the branch (LAUREL's low-rank and
+    previous-activation terms, nGPT's -alpha*h) or a depth factor of the component's own (Pattention's 1/L value
+    init). The paper's rule is that every per-layer change to the stream is a branch scaled by L^-alpha, with
+    initialisations that do not follow depth; these pieces are not branches of that form, and the paper derives
+    no rule for them. Decided from the declaration, not from the numbers, so the base depth (m_L = 1) is refused
+    too and a depth ladder cannot pass its first rung and fail the next.
     """
 
     rules = COMPLETEP_RULES
@@ -50,6 +58,17 @@ class CompleteP(MuP):
         if not 0 <= alpha <= 2:
             raise ValueError(f"alpha must be in [0, 2] (1: CompleteP, 0.5: depth-muP), got {alpha!r}")
         self.base_depth, self.alpha = base_depth, float(alpha)
+
+    def check(self, stack: StackInfo, *, norm: NormStrategy, residual: ResidualType,
+              projection: ProjectionType) -> None:
+        super().check(stack, norm=norm, residual=residual, projection=projection)
+        if not (self.uses("branch_multiplier") and self.alpha > 0):
+            return  # no branch is depth-scaled: nothing to conflict with
+        for component in (residual, projection):
+            conflict = component.depth_scaling_conflict(stack)
+            if conflict:
+                raise ValueError(f"{type(self).__name__} multiplies each residual branch by L^-alpha and has no depth "
+                                 f"rule for {conflict}, or drop the depth rule (parametrization mup)")
 
     def m_L(self, stack: StackInfo) -> float:
         return depth_multiplier(stack, self.base_depth)

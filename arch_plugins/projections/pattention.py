@@ -170,6 +170,13 @@ class PattentionProjection(ProjectionType):
         self.tokens_qkv, self.tokens_out, self.tokens_ffn = tokens_qkv, tokens_out, tokens_ffn
         self.activation, self.eps, self.key_std, self.value_std = activation, eps, key_std, value_std
 
+    def depth_scaling_conflict(self, stack: StackInfo) -> str | None:
+        if self.value_std is not None:
+            return None  # a std the recipe fixed: nothing here follows depth
+        return ("Pattention's value-token init 2/(n_layers*sqrt(d_model)), a 1/L of its own that the branch's L^-1 "
+                "would square (about L^-2 at init): set projection_options.value_std to a "
+                "depth-independent std")
+
     def _tokens(self, role: str, stack: StackInfo) -> int:
         d = stack.d_model
         if role == Role.FFN:

@@ -173,6 +173,16 @@ class LaurelResidual(ResidualType):
         self.weights, self.rank, self.previous, self.a_init, self.placement = weights, rank, previous, a_init, placement
         self.combination = combination
 
+    def depth_scaling_conflict(self, stack: StackInfo) -> str | None:
+        # alpha multiplies f, which holds the branch as the block hands it over (already depth-scaled), and beta the
+        # carry; the low-rank and previous-activation terms are added beside the branch, once per layer.
+        terms = [what for what, on in (("low-rank terms B A x", self.rank),
+                                       ("previous-activation terms gamma_j x_(i-j)", self.previous)) if on is not None]
+        if not terms:
+            return None
+        return (f"LAUREL's {' and '.join(terms)}, added to the stream beside the branch at every layer: "
+                f"use residual laurel_rw or add")
+
     def merge(self, sublayer: str, layer: int, stack: StackInfo) -> ResidualMerge:
         wraps_block = self.placement == "block"
         if wraps_block and sublayer == "attn":

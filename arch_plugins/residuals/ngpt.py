@@ -90,6 +90,11 @@ class NGPTResidual(ResidualType):
         if alpha_scale is not None and not alpha_scale > 0:
             raise ValueError(f"alpha_scale must be positive (it divides the stored value), got {alpha_scale}")
 
+    def depth_scaling_conflict(self, stack: StackInfo) -> str | None:
+        # lerp(h, branch, alpha) = (1 - alpha) h + alpha branch: the branch multiplier reaches the second term only.
+        return ("nGPT's -alpha*h term, which shrinks the stream by (1 - alpha) at every layer, compounding over "
+                "depth: use residual add")
+
     def merge(self, sublayer: str, layer: int, stack: StackInfo) -> EigenLerp:
         scale = self.alpha_scale if self.alpha_scale is not None else 1.0 / math.sqrt(stack.d_model)
         return EigenLerp(stack.d_model, init=self.inits[sublayer], scale=scale, absolute=self.absolute,
