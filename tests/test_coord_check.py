@@ -119,6 +119,13 @@ def test_coord_check_command_end_to_end(tmp_path, capsys):
     (["--config", str(REPO / "recipes" / "gpt_mup.yaml"), "--widths", "64,32"], "increasing"),
     (["--config", str(REPO / "recipes" / "gpt_mup.yaml"), "--widths", "32,64", "--parametrization", "mpu"],
      "did you mean 'mup'"),
+    (["--config", str(REPO / "recipes" / "gpt_mup.yaml"), "--widths", "32,64", "--optimizer", "muom"],
+     "did you mean 'muon'"),
+    (["--config", str(REPO / "recipes" / "gpt_mup.yaml"), "--widths", "32,64", "--optimizer", "muon",
+      "--parametrization", "completep", "--parametrization_options", "{base_width: 64, base_heads: 2}"],
+     "muon with completep is not implemented"),
+    (["--config", str(REPO / "recipes" / "gpt_mup.yaml"), "--widths", "32,64", "--optimizer_options", "[1]"],
+     "must be a YAML mapping"),
 ])
 def test_bad_input_is_one_error_line(argv, message, capsys):
     assert cli_code(["coord-check", *argv]) == 2
