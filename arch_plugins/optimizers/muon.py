@@ -25,9 +25,10 @@ the step's spectral norm is lr * sqrt(fan_out / fan_in) at every width. A parame
 Adam-derived rule and no Muon rule (``mup_wd``, ``completep``) is refused at build time, at every width.
 
 Distributed: under data parallelism (DDP) every process holds the whole, all-reduced gradient and computes the
-same update, so N processes equal one. Under FSDP2 a process holds a row shard of each matrix and Newton-Schulz
-needs the whole matrix, so this optimizer refuses sharded (DTensor) hidden matrices instead of orthogonalising
-shards.
+same update, so N processes equal one. Under FSDP2 a process holds a row shard of each matrix (a DTensor) and
+Newton-Schulz needs the whole matrix: each process keeps its shard of the momentum, all-gathers the whole update
+of a matrix, orthogonalises it (every process the same whole matrix: no second collective, and the processes
+cannot drift apart; the price is that each process repeats every matrix's Newton-Schulz) and applies its own rows.
 """
 
 from __future__ import annotations
@@ -69,6 +70,22 @@ def is_sharded(param: torch.Tensor) -> bool:
     """Whether ``param`` is a DTensor split across processes (FSDP2, tensor parallelism)."""
     placements = getattr(param, "placements", None)
     return placements is not None and any(not p.is_replicate() for p in placements)
+
+
+def unsupported_placements(param: torch.Tensor) -> list[str]:
+    """The placements of a DTensor ``param`` whose local part is not one box of the whole (strided or partial
+    shards): Muon could not cut its own rows out of the whole update."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    return [str(p) for p in getattr(param, "placements", ()) if type(p) not in (Shard, Replicate)]
+
+
+def local_box(param: torch.Tensor) -> tuple[slice, slice]:
+    """The (rows, columns) of the whole matrix that this process holds of the DTensor ``param``."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return slice(offset[0], offset[0] + shape[0]), slice(offset[1], offset[1] + shape[1])
 
 
 class MuonWithAdamW(torch.optim.AdamW):
@@ -113,11 +130,22 @@ class MuonWithAdamW(torch.optim.AdamW):
             buf = state["momentum_buffer"]
             buf.lerp_(grad, 1 - momentum)
             update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+            sharded = is_sharded(param)
+            if sharded:  # FSDP2: the whole update on every process (all-gather), the shards of the state stay
+                update = update.full_tensor()
             parts = [(start, stop, orthogonalize(update[start:stop], steps=group["ns_steps"]))
                      for start, stop in slices]
             param.mul_(1 - lr * wd)
-            for start, stop, orthogonal in parts:
-                param[start:stop].add_(orthogonal, alpha=-lr * adjust(stop - start, param.shape[1]))
+            if not sharded:
+                for start, stop, orthogonal in parts:
+                    param[start:stop].add_(orthogonal, alpha=-lr * adjust(stop - start, param.shape[1]))
+                continue
+            local, (rows, cols) = param.to_local(), local_box(param)
+            for start, stop, orthogonal in parts:  # this process's rows of each logical matrix
+                first, last = max(start, rows.start), min(stop, rows.stop)
+                if first < last:
+                    local[first - rows.start:last - rows.start].add_(
+                        orthogonal[first - start:last - start, cols], alpha=-lr * adjust(stop - start, param.shape[1]))
 
 
 class MuonOptimizer(OptimizerType):
@@ -127,8 +155,7 @@ class MuonOptimizer(OptimizerType):
     ``scalar`` and the roles listed in ``adamw_roles`` go to AdamW. Fused q|k|v and value|gate matrices are
     orthogonalised per logical matrix. Undeclared parameters are an error (routing them by shape is the
     classic silent mistake). Under ``mup`` the hidden matrices follow its rule for Muon (no 1/m_d, spectral
-    adjustment); ``mup_wd`` and ``completep`` are refused. Refuses FSDP2-sharded matrices (Newton-Schulz needs the
-    whole matrix); DDP is exact.
+    adjustment); ``mup_wd`` and ``completep`` are refused. DDP and FSDP2 (whole matrices gathered) equal one process.
 
     Args:
         lr: Muon's peak learning rate, before ``adjust_lr``; None: ``--model.lr`` (pair with ``match_rms_adamw``).
@@ -220,10 +247,10 @@ class MuonOptimizer(OptimizerType):
                 raise PluginError(f"{p.name} (role {p.role}, shape {tuple(p.param.shape)}) is a hidden parameter "
                                   f"but not a matrix; Muon orthogonalises matrices: route its role to AdamW with "
                                   f"--model.optimizer_options.adamw_roles=[{p.role}]")
-            if is_sharded(p.param):
-                raise PluginError("muon needs whole matrices and this run shards them (FSDP2); Muon under FSDP2 "
-                                  "is not implemented: train with DDP (--trainer.strategy=ddp) or "
-                                  "--model.optimizer=adamw")
+            if unsupported_placements(p.param):
+                raise PluginError(f"muon gathers each sharded matrix whole, and {p.name} is sharded as "
+                                  f"{', '.join(unsupported_placements(p.param))} (not plain row or column shards): "
+                                  f"not implemented; shard with FSDP2 (lit.parallel.FSDP2Strategy) or use DDP")
             entries.append((p, {"lr": muon_lr * lr_mult, "lr_ratio": muon_lr * lr_mult / lr if lr else lr_mult,
                                 "weight_decay": muon_wd * wd_mult, "muon": True, "momentum": self.momentum,
                                 "nesterov": self.nesterov, "ns_steps": self.ns_steps, "adjust_lr": adjust_lr}))
