@@ -156,3 +156,30 @@ def test_muon_under_fsdp2_trains_on_one_process(workdir, caplog):
         os.environ.update(environment)
     assert "max_steps=1` reached" in caplog.text  # trained (a refusal exits with SystemExit 2 instead)
     assert re.search(r"^attn_out +muon ", caplog.text, re.MULTILINE), caplog.text[-3000:]
+
+
+@pytest.mark.slow  # ~4 min on 2 shared cores (two runs)
+def test_muon_under_fsdp2_resumes_from_a_sharded_checkpoint_exactly(tmp_path):
+    # Muon's momentum is a DTensor shard like AdamW's moments: saved per rank, restored, the same steps follow.
+    from lit.checkpoints import export
+
+    args = [sys.executable, str(REPO / "cli.py"), *MUON_UNDER_FSDP2[:-2], "--trainer.devices=1",
+            "--trainer.max_steps=3", "--trainer.logger=false", "--trainer.val_check_interval=null",
+            "--trainer.limit_val_batches=0", "--checkpoint.every_n_train_steps=1", "--checkpoint.save_top_k=-1"]
+    runs = {}
+    for name, extra in (("whole", []), ("resumed", ["--ckpt_path", str(tmp_path / "whole" / "checkpoints" /
+                                                                      "epoch=0-step=1.ckpt")])):
+        (tmp_path / name).mkdir()
+        proc = subprocess.run([*args, *extra], cwd=tmp_path / name, capture_output=True, text=True, timeout=600,
+                              env=subprocess_env())
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        last = export(tmp_path / name / "checkpoints" / "epoch=0-step=3.ckpt", tmp_path / f"{name}.ckpt")
+        runs[name] = torch.load(last, map_location="cpu", weights_only=False)
+    whole, resumed = runs["whole"], runs["resumed"]
+    for key, tensor in whole["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][key], tensor, atol=0, rtol=0, msg=key)
+    states = whole["optimizer_states"][0]["state"]
+    assert any("momentum_buffer" in state for state in states.values())
+    for index, state in states.items():
+        for key, value in state.items():
+            torch.testing.assert_close(resumed["optimizer_states"][0]["state"][index][key], value, atol=0, rtol=0)
