@@ -12,7 +12,9 @@ that builds it, right after). Every declaration below is stored the same way, re
 - ``declare_weight_decay(module, "alpha", True)``: an exception to the role's decay default.
 - ``declare_optimizer_scale(module, "weight", lr=0.25, weight_decay=2.0, eps=0.5)``: multipliers of the
   recipe's learning rate, weight decay and Adam epsilon for one parameter (a parametrization declares them
-  on every parameter by role; a plugin may declare its own); read by every optimizer builder.
+  on every parameter by role; a plugin may declare its own); read by every optimizer builder. A
+  parametrization also declares that a rule derived for Adam scales a parameter (``declare_adam_rule``) and, where
+  it states one, the rule for Muon instead (``declare_muon_rule``): Muon applies the second or refuses.
 - ``declare_unit_norm(module, "weight", dim)``: a weight kept on the unit sphere (nGPT's renormalisation).
 - ``declare_diagnostic(module, "alpha", fn=None)``: a learned scalar worth watching (``diag/scalar/...``).
 - ``declare_progress_hook(module, fn)``: a behaviour that follows the optimizer step (PRepBN, BHyT).
@@ -411,6 +413,34 @@ def declare_adam_rule(module: nn.Module, param_name: str, source: str) -> None:
 def adam_rules(model: nn.Module) -> dict[int, str]:
     """``{id(parameter): source}`` for every parameter a parametrization scales by an Adam-derived rule."""
     return {id(getattr(module, name)): source for _, module, name, source in _walk(model, "adam_rule")}
+
+
+@dataclass(frozen=True)
+class MuonRule:
+    """A parametrization's rule for a matrix that Muon steps instead of Adam (muP's spectral rule).
+
+    Muon multiplies its learning rate and weight decay by ``scale`` (in place of ``adam``, the Adam-derived scale
+    the same parametrization declared for the parameter, which Muon then does not apply) and scales each
+    (logical) matrix's orthogonalised step by ``adjust_lr``'s factor of its shape (``spectral``:
+    sqrt(fan_out / fan_in)).
+    """
+
+    source: str
+    scale: OptimizerScale
+    adam: OptimizerScale
+    adjust_lr: str = "spectral"
+
+
+def declare_muon_rule(module: nn.Module, param_name: str, rule: MuonRule) -> None:
+    """Declare the rule by which ``rule.source`` scales ``module.<param_name>`` when Muon steps it. A parameter with
+    an Adam-derived rule (``declare_adam_rule``) and no Muon rule is refused by Muon."""
+    _parameter(module, param_name, "declare a Muon rule for")
+    _declare(module, "muon_rule", param_name, rule)
+
+
+def muon_rules(model: nn.Module) -> dict[int, MuonRule]:
+    """``{id(parameter): rule}`` for every parameter a parametrization declared a Muon rule for."""
+    return {id(getattr(module, name)): rule for _, module, name, rule in _walk(model, "muon_rule")}
 
 
 # ---------------------------------------------------------------------------------------------------------

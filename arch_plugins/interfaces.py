@@ -354,6 +354,13 @@ class Parametrization:
         embedding, the final site or the head. Default: all 1 (nothing declared)."""
         return None
 
+    def muon_scale(self, parameter, stack: StackInfo, *, in_blocks: bool):
+        """The ``OptimizerScale`` (lr and weight-decay multipliers of Muon's own) of a hidden matrix when Muon steps
+        it instead of Adam, with Muon's step scaled by the spectral rule sqrt(fan_out / fan_in) of each matrix;
+        asked only where ``optimizer_scale`` declared a rule. Default None: no rule stated for Muon, which then
+        refuses the parameter (an Adam-derived scale on an orthogonalised step double-scales it)."""
+        return None
+
 
 class OptimizerType:
     """Builds the torch optimizer of a model from its parameters' declared roles (``--model.optimizer``).

@@ -344,10 +344,11 @@ def test_the_optimizer_plugins_honour_the_declared_scales():
     MuonOptimizer().build(gpt("sp"), lr=LR, weight_decay=WD, betas=(0.9, 0.95))
 
 
-@pytest.mark.parametrize("name", ["mup", "mup_wd", "completep"])
+@pytest.mark.parametrize("name", ["mup_wd", "completep"])
 def test_muon_under_a_parametrization_is_refused_at_the_base_width_too(name):
     """Decided from the parametrization, not its numbers: at the base shape every scale is 1, and a ladder that
-    starts there must not pass its first rung and fail the next (review D8)."""
+    starts there must not pass its first rung and fail the next (review D8). mup_wd and completep state no rule
+    for Muon."""
     from arch_plugins.optimizers.muon import MuonOptimizer
 
     options = {"base_depth": 2} if name == "completep" else {}
@@ -356,6 +357,36 @@ def test_muon_under_a_parametrization_is_refused_at_the_base_width_too(name):
             MuonOptimizer().build(gpt(name, d=d, base_width=64, **options), lr=LR, weight_decay=WD,
                                   betas=(0.9, 0.95))
         assert "\n" not in str(info.value)
-    # Without an Adam rule on the matrices Muon steps, it builds (an ablation that leaves the hidden lr rule out).
-    MuonOptimizer().build(gpt("mup", d=128, base_width=64, without=["hidden_lr"]), lr=LR, weight_decay=WD,
-                          betas=(0.9, 0.95))
+
+
+def test_muon_under_mup_follows_the_spectral_rule_at_every_width():
+    """mup declares its rule for Muon: the hidden matrices keep Muon's lr and weight decay (no 1/m_d) and step by
+    the spectral adjustment; the embedding, head and vectors keep muP's Adam rules."""
+    from arch_plugins.optimizers.muon import MuonOptimizer
+
+    for d in (64, 128, 256):
+        model = gpt("mup", d=d, base_width=64)
+        optimizer = MuonOptimizer(lr=0.02, weight_decay=0.1).build(model, lr=LR, weight_decay=WD, betas=(0.9, 0.95))
+        for p in parameter_roles(model):
+            group = group_of(optimizer, p.param)
+            if p.kind == Kind.HIDDEN:
+                assert group["muon"] and group["adjust_lr"] == "spectral", p.name
+                assert group["lr"] == pytest.approx(0.02) and group["weight_decay"] == pytest.approx(0.1), p.name
+            else:
+                assert not group["muon"] and group["lr"] == pytest.approx(LR), p.name
+    # An explicit adjustment that contradicts the rule: one line.
+    with pytest.raises(registry.PluginError, match="contradicts mup's rule for Muon") as info:
+        MuonOptimizer(adjust_lr="match_rms_adamw").build(gpt("mup", d=128, base_width=64), lr=LR, weight_decay=WD,
+                                                         betas=(0.9, 0.95))
+    assert "\n" not in str(info.value)
+    MuonOptimizer(adjust_lr="spectral").build(gpt("mup", d=128, base_width=64), lr=LR, weight_decay=WD,
+                                              betas=(0.9, 0.95))
+    # A plugin's own Adam scale on a hidden matrix is not part of mup's rule for Muon: refused, never dropped.
+    model = gpt("mup", d=128, base_width=64)
+    declare_optimizer_scale(model.stack.blocks[0].mlp.up, "weight", lr=3.0)
+    with pytest.raises(registry.PluginError, match="muon with mup is not implemented"):
+        MuonOptimizer().build(model, lr=LR, weight_decay=WD, betas=(0.9, 0.95))
+    # Without muP's hidden lr rule there is no rule to replace: Muon builds with its own adjustment.
+    optimizer = MuonOptimizer().build(gpt("mup", d=128, base_width=64, without=["hidden_lr"]), lr=LR,
+                                      weight_decay=WD, betas=(0.9, 0.95))
+    assert {g["adjust_lr"] for g in optimizer.param_groups if g["muon"]} == {"match_rms_adamw"}

@@ -19,10 +19,16 @@ Learning-rate adjustment rules (``adjust_lr``), with A x B the (rows, columns) o
   AdamW's learning rate and weight decay;
 - ``spectral``: sqrt(A / B) (Bernstein's spectral scaling; dion, torch's ``spectral_unclamped``).
 
+Under muP (``mup``) the parametrization declares a rule for Muon on every hidden matrix it would scale for Adam
+(``declare_muon_rule``): no 1/m_d on Muon's lr or weight decay, and the ``spectral`` adjustment sqrt(A / B), so
+the step's spectral norm is lr * sqrt(fan_out / fan_in) at every width. A parametrization that declares an
+Adam-derived rule and no Muon rule (``mup_wd``, ``completep``) is refused at build time, at every width.
+
 Distributed: under data parallelism (DDP) every process holds the whole, all-reduced gradient and computes the
-same update, so N processes equal one. Under FSDP2 a process holds a row shard of each matrix and Newton-Schulz
-needs the whole matrix, so this optimizer refuses sharded (DTensor) hidden matrices instead of orthogonalising
-shards.
+same update, so N processes equal one. Under FSDP2 a process holds a row shard of each matrix (a DTensor) and
+Newton-Schulz needs the whole matrix: each process keeps its shard of the momentum, all-gathers the whole update
+of a matrix, orthogonalises it (every process the same whole matrix: no second collective, and the processes
+cannot drift apart; the price is that each process repeats every matrix's Newton-Schulz) and applies its own rows.
 """
 
 from __future__ import annotations
@@ -32,12 +38,20 @@ import math
 import torch
 from torch import nn
 
-from arch_plugins.declarations import ParameterRole, UndeclaredRoleError, adam_rules, parameter_roles
+from arch_plugins.declarations import (
+    ParameterRole,
+    UndeclaredRoleError,
+    adam_rules,
+    decays,
+    muon_rules,
+    parameter_roles,
+)
 from arch_plugins.interfaces import Kind, OptimizerType
 from arch_plugins.optimizers.newton_schulz import orthogonalize
 from arch_plugins.optimizers.routing import (
     check_betas,
     check_multipliers,
+    multiplier,
     own_betas,
     own_eps,
     param_groups,
@@ -56,6 +70,22 @@ def is_sharded(param: torch.Tensor) -> bool:
     """Whether ``param`` is a DTensor split across processes (FSDP2, tensor parallelism)."""
     placements = getattr(param, "placements", None)
     return placements is not None and any(not p.is_replicate() for p in placements)
+
+
+def unsupported_placements(param: torch.Tensor) -> list[str]:
+    """The placements of a DTensor ``param`` whose local part is not one box of the whole (strided or partial
+    shards): Muon could not cut its own rows out of the whole update."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    return [str(p) for p in getattr(param, "placements", ()) if type(p) not in (Shard, Replicate)]
+
+
+def local_box(param: torch.Tensor) -> tuple[slice, slice]:
+    """The (rows, columns) of the whole matrix that this process holds of the DTensor ``param``."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return slice(offset[0], offset[0] + shape[0]), slice(offset[1], offset[1] + shape[1])
 
 
 class MuonWithAdamW(torch.optim.AdamW):
@@ -100,11 +130,22 @@ class MuonWithAdamW(torch.optim.AdamW):
             buf = state["momentum_buffer"]
             buf.lerp_(grad, 1 - momentum)
             update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+            sharded = is_sharded(param)
+            if sharded:  # FSDP2: the whole update on every process (all-gather), the shards of the state stay
+                update = update.full_tensor()
             parts = [(start, stop, orthogonalize(update[start:stop], steps=group["ns_steps"]))
                      for start, stop in slices]
             param.mul_(1 - lr * wd)
-            for start, stop, orthogonal in parts:
-                param[start:stop].add_(orthogonal, alpha=-lr * adjust(stop - start, param.shape[1]))
+            if not sharded:
+                for start, stop, orthogonal in parts:
+                    param[start:stop].add_(orthogonal, alpha=-lr * adjust(stop - start, param.shape[1]))
+                continue
+            local, (rows, cols) = param.to_local(), local_box(param)
+            for start, stop, orthogonal in parts:  # this process's rows of each logical matrix
+                first, last = max(start, rows.start), min(stop, rows.stop)
+                if first < last:
+                    local[first - rows.start:last - rows.start].add_(
+                        orthogonal[first - start:last - start, cols], alpha=-lr * adjust(stop - start, param.shape[1]))
 
 
 class MuonOptimizer(OptimizerType):
@@ -113,7 +154,8 @@ class MuonOptimizer(OptimizerType):
     Routed by each parameter's declared kind: ``hidden`` goes to Muon, ``embedding``, ``head``, ``vector``,
     ``scalar`` and the roles listed in ``adamw_roles`` go to AdamW. Fused q|k|v and value|gate matrices are
     orthogonalised per logical matrix. Undeclared parameters are an error (routing them by shape is the
-    classic silent mistake). Refuses FSDP2-sharded matrices (Newton-Schulz needs the whole matrix); DDP is exact.
+    classic silent mistake). Under ``mup`` the hidden matrices follow its rule for Muon (no 1/m_d, spectral
+    adjustment); ``mup_wd`` and ``completep`` are refused. DDP and FSDP2 (whole matrices gathered) equal one process.
 
     Args:
         lr: Muon's peak learning rate, before ``adjust_lr``; None: ``--model.lr`` (pair with ``match_rms_adamw``).
@@ -123,7 +165,8 @@ class MuonOptimizer(OptimizerType):
         nesterov: Nesterov momentum, as the reference.
         ns_steps: Newton-Schulz iterations (5).
         adjust_lr: ``original`` (sqrt(max(1, rows/cols)), Keller Jordan, torch's default), ``match_rms_adamw``
-            (0.2 sqrt(max(rows, cols)), Moonlight) or ``spectral`` (sqrt(rows/cols), Bernstein).
+            (0.2 sqrt(max(rows, cols)), Moonlight) or ``spectral`` (sqrt(rows/cols), Bernstein). None: the
+            parametrization's rule for Muon where it declares one (``mup``: ``spectral``), else ``match_rms_adamw``.
         adamw_roles: roles of kind ``hidden`` that go to AdamW instead (e.g. a plugin's matrices that are not
             linear maps of the stream).
         lr_multipliers: per role or kind, relative to the group's learning rate (Muon's for hidden matrices,
@@ -134,12 +177,12 @@ class MuonOptimizer(OptimizerType):
     """
 
     def __init__(self, lr: float | None = None, weight_decay: float | None = None, momentum: float = 0.95,
-                 nesterov: bool = True, ns_steps: int = 5, adjust_lr: str = "match_rms_adamw",
+                 nesterov: bool = True, ns_steps: int = 5, adjust_lr: str | None = None,
                  adamw_roles: list[str] | None = None, lr_multipliers: dict[str, float] | None = None,
                  wd_multipliers: dict[str, float] | None = None, role_betas: dict[str, list[float]] | None = None,
                  eps: float = 1e-8):
-        if adjust_lr not in ADJUST_LR:
-            raise PluginError(f"adjust_lr {adjust_lr!r} is not one of {', '.join(ADJUST_LR)}")
+        if adjust_lr is not None and adjust_lr not in ADJUST_LR:
+            raise PluginError(f"adjust_lr {adjust_lr!r} is not one of {', '.join(ADJUST_LR)} (or null)")
         if lr is not None and not lr > 0:
             raise PluginError(f"lr must be > 0 (or null for --model.lr), got {lr}")
         if not 0 <= momentum < 1:
@@ -173,7 +216,7 @@ class MuonOptimizer(OptimizerType):
         roles = self._roles(model)
         muon_lr = lr if self.lr is None else self.lr
         muon_wd = weight_decay if self.weight_decay is None else self.weight_decay
-        entries, derived = [], adam_rules(model)
+        entries, derived, stated, decay = [], adam_rules(model), muon_rules(model), decays(model)
         for p, lr_mult, wd_mult, declared in settings(model, roles, lr_multipliers=self.lr_multipliers,
                                                       wd_multipliers=self.wd_multipliers,
                                                       role_betas=self.role_betas):
@@ -181,26 +224,36 @@ class MuonOptimizer(OptimizerType):
                 entries.append((p, {"lr": lr * lr_mult, "lr_ratio": lr_mult, "weight_decay": weight_decay * wd_mult,
                                     "muon": False, **own_betas(self.role_betas, p), **own_eps(self.eps, declared)}))
                 continue
-            if id(p.param) in derived or not declared.is_default:
+            rule, adjust_lr = stated.get(id(p.param)), self.adjust_lr or "match_rms_adamw"
+            if rule is not None and declared == rule.adam:  # the parametrization's own rule for Muon
+                if self.adjust_lr not in (None, rule.adjust_lr):
+                    raise PluginError(f"adjust_lr {self.adjust_lr!r} contradicts {rule.source}'s rule for Muon (the "
+                                      f"{rule.adjust_lr} adjustment on every hidden matrix); drop adjust_lr or set it "
+                                      f"to {rule.adjust_lr}")
+                lr_mult = multiplier(self.lr_multipliers, p) * rule.scale.lr
+                wd_mult = multiplier(self.wd_multipliers, p) * rule.scale.weight_decay if decay[id(p.param)] else 0.0
+                adjust_lr = rule.adjust_lr
+            elif id(p.param) in derived or not declared.is_default:
                 # A parametrization's multipliers are derived for Adam; applying them to Muon's orthogonalised step
-                # would double-scale it (Megatron-LM PR 3715's bug). The rule it states for Muon is not built yet.
-                # Decided from the declaration that a rule exists, not from its value (1 at the base width).
-                source = derived.get(id(p.param), "a parametrization")
+                # would double-scale it (Megatron-LM PR 3715's bug). Decided from the declaration that a rule
+                # exists, not from its value (1 at the base width), so a ladder cannot pass its base rung only.
+                source = derived.get(id(p.param), "a plugin's optimizer scale")
                 raise PluginError(f"{p.name} (role {p.role}) is scaled by {source}'s Adam-derived rule at every width "
-                                  f"and muon would step it: muon with {source} is not implemented (the stated rule "
-                                  f"for Muon: no 1/m_d on the lr, spectral scale sqrt(fan_out/fan_in)); use "
+                                  f"and muon would step it: muon with {source} is not implemented ({source} states "
+                                  f"no rule for Muon; mup does: no 1/m_d on the lr, spectral scale "
+                                  f"sqrt(fan_out/fan_in)); use --model.arch.parametrization=mup, "
                                   f"--model.optimizer=adamw or --model.arch.parametrization=sp")
             if p.param.dim() != 2:
                 raise PluginError(f"{p.name} (role {p.role}, shape {tuple(p.param.shape)}) is a hidden parameter "
                                   f"but not a matrix; Muon orthogonalises matrices: route its role to AdamW with "
                                   f"--model.optimizer_options.adamw_roles=[{p.role}]")
-            if is_sharded(p.param):
-                raise PluginError("muon needs whole matrices and this run shards them (FSDP2); Muon under FSDP2 "
-                                  "is not implemented: train with DDP (--trainer.strategy=ddp) or "
-                                  "--model.optimizer=adamw")
+            if unsupported_placements(p.param):
+                raise PluginError(f"muon gathers each sharded matrix whole, and {p.name} is sharded as "
+                                  f"{', '.join(unsupported_placements(p.param))} (not plain row or column shards): "
+                                  f"not implemented; shard with FSDP2 (lit.parallel.FSDP2Strategy) or use DDP")
             entries.append((p, {"lr": muon_lr * lr_mult, "lr_ratio": muon_lr * lr_mult / lr if lr else lr_mult,
                                 "weight_decay": muon_wd * wd_mult, "muon": True, "momentum": self.momentum,
-                                "nesterov": self.nesterov, "ns_steps": self.ns_steps, "adjust_lr": self.adjust_lr}))
+                                "nesterov": self.nesterov, "ns_steps": self.ns_steps, "adjust_lr": adjust_lr}))
         groups = param_groups([(p.param, options) for p, options in entries])
         slices = {id(p.param): [(a, b) for _, a, b in p.slices] if p.slices else [(0, p.param.shape[0])]
                   for p, options in entries if options["muon"]}

@@ -58,9 +58,10 @@ class MuP(Parametrization):
     defined there, and the combination is refused. The embedding's input multiplier (TP-V's alpha_input) is
     not offered: it is 1.
 
-    Muon: muP's multipliers are derived for Adam. The stated rule for Muon on hidden matrices (Megatron-LM's
-    PR 3715) is no extra 1/m_d on the lr, the spectral scale sqrt(fan_out / fan_in) in place of Muon's
-    sqrt(max(1, fan_out/fan_in)), and the Adam rules above for everything Muon does not update.
+    Muon: muP's multipliers are derived for Adam. On the hidden matrices Muon steps, ``mup`` declares the stated
+    rule for Muon instead (Megatron-LM's PR 3715): no 1/m_d on Muon's lr or weight decay, and the spectral scale
+    sqrt(fan_out / fan_in) of each matrix (Muon's ``adjust_lr: spectral``); the Adam rules above stay for
+    everything Muon does not update. ``mup_wd`` and ``completep`` state no Muon rule (Muon refuses them).
     """
 
     rules = MUP_RULES
@@ -124,6 +125,13 @@ class MuP(Parametrization):
     def optimizer_scale(self, parameter, stack: StackInfo, *, in_blocks: bool) -> OptimizerScale | None:
         if parameter.kind == Kind.HIDDEN and self.uses("hidden_lr"):
             return OptimizerScale(lr=1.0 / self.m_d(stack))
+        return None
+
+    def muon_scale(self, parameter, stack: StackInfo, *, in_blocks: bool) -> OptimizerScale | None:
+        # The spectral rule is stated for muP's width rules only: a subclass that adds rules (mup_wd's weight decay,
+        # CompleteP's depth rules) states none for Muon, which then refuses.
+        if type(self).rules == MUP_RULES and parameter.kind == Kind.HIDDEN and self.uses("hidden_lr"):
+            return OptimizerScale()
         return None
 
 

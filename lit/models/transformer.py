@@ -21,7 +21,14 @@ from torch import nn
 
 from arch_plugins import registry
 from arch_plugins.constraints import declare_unit_norm
-from arch_plugins.declarations import ROLE_KINDS, declare_adam_rule, declare_optimizer_scale, parameter_roles
+from arch_plugins.declarations import (
+    ROLE_KINDS,
+    MuonRule,
+    declare_adam_rule,
+    declare_muon_rule,
+    declare_optimizer_scale,
+    parameter_roles,
+)
 from arch_plugins.interfaces import Concat, ResidualHistory, Role, Site, StackInfo
 from arch_plugins.stabilisers import with_stabilisers
 from lit.errors import ArchitectureError
@@ -364,6 +371,9 @@ class TransformerStack(nn.Module):
             owner, _, attr = parameter.name.rpartition(".")
             if scale is not None:  # a rule, even where it is 1 at this shape (the base): Muon decides from this
                 declare_adam_rule(modules[owner], attr, self.cfg.parametrization)
+                muon = parametrization.muon_scale(parameter, self.info, in_blocks=id(parameter.param) in inside)
+                if muon is not None:
+                    declare_muon_rule(modules[owner], attr, MuonRule(self.cfg.parametrization, muon, scale))
             if scale is not None and not scale.is_default:
                 declare_optimizer_scale(modules[owner], attr, scale)
 

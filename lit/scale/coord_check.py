@@ -23,7 +23,7 @@ from torch import nn
 
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
-from lit.optim import adamw
+from lit.optim import select_optimizer
 
 # The sublayers recorded, by what they are (one line each in the figure).
 SITES = ("embedding", "attn_logits", "attn_out", "mlp_out", "stream", "final", "logits")
@@ -43,6 +43,8 @@ class CoordCheckSetup:
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.0
     steps: int = 10
+    optimizer: str = "adamw"  # an optimizer plugin (``muon``: Muon for the hidden matrices, AdamW for the rest)
+    optimizer_options: dict | None = None
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -90,14 +92,15 @@ def _batches(tokens: torch.Tensor, setup: CoordCheckSetup, seed: int, n: int) ->
 
 
 def run_one(setup: CoordCheckSetup, width: int, depth: int, seed: int) -> dict[tuple[str, str], float]:
-    """Train one shape for ``setup.steps`` Adam steps; ``{(quantity, site): value}`` after the last step."""
+    """Train one shape for ``setup.steps`` optimizer steps; ``{(quantity, site): value}`` after the last step."""
     # The MLP's hidden width scales with d_model exactly (SwiGLU's rounding to a multiple of 64 would not at
     # these widths, and a fan-in that does not grow as d_model breaks the width multiplier of its matrix).
     hidden = round(setup.arch.resolved_mlp_hidden() * width / setup.arch.d_model)
     arch = dataclasses.replace(setup.arch, d_model=width, n_layers=depth, mlp_hidden=hidden)
     torch.manual_seed(seed)
     model = GPT(setup.vocab_size, setup.block_size, arch)
-    optimizer = adamw(model, setup.lr, setup.weight_decay, setup.betas)
+    optimizer = select_optimizer(setup.optimizer, setup.optimizer_options).build(
+        model, lr=setup.lr, weight_decay=setup.weight_decay, betas=tuple(setup.betas))
     batches = _batches(setup.tokens, setup, seed, setup.steps + 1)
     probe = batches[0][0]
     before = _outputs(model, probe)

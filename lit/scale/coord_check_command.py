@@ -4,11 +4,14 @@
     python cli.py coord-check --config recipes/gpt_mup.yaml --parametrization sp --widths 32,64,128,256
     python cli.py coord-check --config RECIPE --depths 2,4,8,16 --parametrization completep \\
         --parametrization_options "{base_width: 32, base_heads: 2, base_depth: 2}"
+    python cli.py coord-check --config recipes/gpt_mup.yaml --widths 32,64,128,256 --optimizer muon \
+        --optimizer_options "{lr: 0.02}"
 
-Trains the recipe's architecture at each width (or depth) for ``--steps`` Adam steps at a constant learning
-rate on the recipe's text (the embedded corpus by default), from the same seeds and batches at every shape, and
-records every sublayer's output RMS and its change since init (``lit/scale/coord_check.py``). Prints the slope of
-each line on log-log axes and draws the figure; exits 1 when a slope lies outside ``--band`` (0 otherwise).
+Trains the recipe's architecture at each width (or depth) for ``--steps`` optimizer steps (AdamW, or
+``--optimizer``) at a constant learning rate on the recipe's text (the embedded corpus by default), from the same
+seeds and batches at every shape, and records every sublayer's output RMS and its change since init
+(``lit/scale/coord_check.py``). Prints the slope of each line on log-log axes and draws the figure; exits 1 when a
+slope lies outside ``--band`` (0 otherwise).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     axis = p.add_mutually_exclusive_group(required=True)
     axis.add_argument("--widths", type=_ints, help="d_model values, e.g. 64,128,256,512,1024")
     axis.add_argument("--depths", type=_ints, help="n_layers values at the recipe's width, e.g. 2,4,8,16")
-    p.add_argument("--steps", type=int, default=10, help="Adam steps before the measurement (default 10)")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps before the measurement (default 10)")
     p.add_argument("--seeds", type=int, default=3, help="seeds averaged per shape (default 3)")
     p.add_argument("--lr", type=float, default=None, help="constant learning rate (default: the recipe's)")
     p.add_argument("--batch_size", type=int, default=8)
@@ -50,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parametrization", default=None, help="replace the recipe's (its options then reset)")
     p.add_argument("--parametrization_options", default=None,
                    help="YAML mapping, e.g. '{base_width: 32, base_heads: 2}'")
+    p.add_argument("--optimizer", default="adamw",
+                   help="optimizer plugin (default adamw; muon: Muon on hidden matrices, AdamW at --lr for the rest)")
+    p.add_argument("--optimizer_options", default=None, help="YAML mapping, e.g. '{lr: 0.02}' for muon")
     p.add_argument("--band", type=float, default=0.1, help="|slope| allowed (default 0.1)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for coord_check.png and slopes.txt")
     return p
@@ -104,12 +110,17 @@ def _setup(args: argparse.Namespace):
     else:
         text = resources.files("lit.data").joinpath("tinyshakespeare.txt").read_text(encoding="utf-8")
     tokenizer = CharTokenizer(text)
+    optimizer_options = yaml.safe_load(args.optimizer_options) if args.optimizer_options is not None else None
+    if optimizer_options is not None and not isinstance(optimizer_options, dict):
+        raise UserInputError(f"--optimizer_options must be a YAML mapping like '{{lr: 0.02}}', got "
+                             f"{args.optimizer_options!r}")
     if args.steps < 1 or args.seeds < 1:
         raise UserInputError("--steps and --seeds must be at least 1")
     return CoordCheckSetup(config, torch.tensor(tokenizer.encode(text)), tokenizer.vocab_size,
                            block_size=args.block_size, batch_size=args.batch_size,
                            lr=args.lr if args.lr is not None else float(init.get("lr", 1e-3)),
-                           betas=tuple(init.get("betas", (0.9, 0.95))), weight_decay=0.0, steps=args.steps)
+                           betas=tuple(init.get("betas", (0.9, 0.95))), weight_decay=0.0, steps=args.steps,
+                           optimizer=args.optimizer, optimizer_options=optimizer_options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     outside = {key: s for key, s in slopes.items() if abs(s) > args.band}
     name = setup.arch.parametrization
     summary = (f"coordinate check of {args.config} under {name} ({check.axis} {check.shapes[0]}..{check.shapes[-1]}, "
-               f"{args.steps} steps at lr {setup.lr:g}, {args.seeds} seeds)\n{format_slopes(check)}\n"
+               f"{args.steps} {args.optimizer} steps at lr {setup.lr:g}, {args.seeds} seeds)\n{format_slopes(check)}\n"
                + (f"{len(outside)} of {len(slopes)} slopes outside +-{args.band}: "
                   + ", ".join(f"{q}/{s}" for q, s in sorted(outside)) if outside
                   else f"every slope within +-{args.band}"))
