@@ -412,3 +412,64 @@ def test_muon_under_a_parametrization_is_refused_at_the_base_width_too(name):
     # Without an Adam rule on the matrices Muon steps, it builds (an ablation that leaves the hidden lr rule out).
     MuonOptimizer().build(gpt("mup", d=128, base_width=64, without=["hidden_lr"]), lr=LR, weight_decay=WD,
                           betas=(0.9, 0.95))
+
+
+def plugin_model(d: int, **arch) -> GPT:
+    torch.manual_seed(0)
+    return GPT(65, 16, TransformerConfig(d_model=d, n_layers=2, n_heads=2, bias=False, parametrization="mup",
+                                         parametrization_options={"base_width": 32, "base_heads": 2}, **arch))
+
+
+@pytest.mark.parametrize("arch,readouts", [
+    ({"residual": "hyperconn"}, ("hc_dynamic_alpha", "hc_dynamic_beta")),
+    ({"residual": "mhc"}, ("mhc_projection",)),
+    ({"residual": "attnres_block", "residual_options": {"block_size": 2}}, ("attnres_query",)),
+    ({"gated_attention": True}, ("attention_gate",)),
+    ({"residual": "laurel_lr", "residual_options": {"rank": 8}}, ("laurel_down",)),  # hidden-kind, fan-in d
+], ids=["hyperconn", "mhc", "attnres", "gate", "laurel"])
+def test_plugin_readouts_get_muP_s_readout_lr(arch, readouts):
+    """Fan-in grows with width, fan-out does not: lr x base/width under mup (review D2: they kept the base lr as
+    vectors), at 4x width with 2 heads (the gate's fan-in, head_dim, grows 4x too)."""
+    model = plugin_model(128, **arch)
+    scales = optimizer_scales(model)
+    found = {p.role: scales[id(p.param)].lr for p in parameter_roles(model) if p.role in readouts}
+    assert set(found) == set(readouts)
+    assert all(lr == pytest.approx(1 / 4) for lr in found.values()), found
+
+
+def test_laurel_s_rank_r_up_keeps_the_base_lr():
+    """up maps the fixed rank r to d: its fan-in never grows, so muP keeps its Adam lr (it got lr/m_d: 0.25)."""
+    model = plugin_model(128, residual="laurel_lr", residual_options={"rank": 8})
+    scales = optimizer_scales(model)
+    ups = [p for p in parameter_roles(model) if p.role == "laurel_up"]
+    assert ups and all(scales[id(p.param)].lr == 1.0 for p in ups)
+
+
+def test_pattention_key_tokens_follow_the_hidden_init_rule():
+    """key_std 0.02 at the base, 0.02 / sqrt(4) at 4x width (review D2: 0.020 at every width); the value tokens'
+    init, 2 / (L sqrt(d)), already falls with width and is kept."""
+    stds = {}
+    for d in (32, 128):
+        model = plugin_model(d, projection="pattention")
+        for p in parameter_roles(model):
+            stds.setdefault((d, p.role), []).append(p.param.detach().flatten())
+    key = {d: torch.cat(stds[d, "pattention_key"]).std().item() for d in (32, 128)}
+    value = {d: torch.cat(stds[d, "pattention_value"]).std().item() for d in (32, 128)}
+    assert key[32] == pytest.approx(0.02, rel=0.03) and key[128] == pytest.approx(0.01, rel=0.03)
+    assert value[128] == pytest.approx(2 / (2 * math.sqrt(128)), rel=0.03)
+
+
+def test_readout_zero_init_starts_the_plugin_readouts_at_zero_too():
+    """The gate's nn.Linear init would decay with width under muP's readout init while its update does not; from
+    zero only the update is left (left out with the readout rule: then it is a vector again, kept as built)."""
+    model = gpt("mup", d=64, base_width=32, readout_zero_init=True, **{})
+    gated = GPT(65, 16, TransformerConfig(d_model=64, n_layers=1, n_heads=2, gated_attention=True,
+                                          parametrization="mup", parametrization_options={
+                                              "base_width": 32, "base_heads": 2, "readout_zero_init": True}))
+    gate = [p for p in parameter_roles(gated) if p.role == "attention_gate"]
+    assert gate and all(torch.all(p.param == 0) for p in gate) and torch.all(model.head.weight == 0)
+    kept = GPT(65, 16, TransformerConfig(d_model=64, n_layers=1, n_heads=2, gated_attention=True,
+                                         parametrization="mup", parametrization_options={
+                                             "base_width": 32, "base_heads": 2, "readout_zero_init": True,
+                                             "without": ["readout"]}))
+    assert all(p.param.abs().sum() > 0 for p in parameter_roles(kept) if p.role == "attention_gate")
