@@ -473,3 +473,15 @@ def test_readout_zero_init_starts_the_plugin_readouts_at_zero_too():
                                              "base_width": 32, "base_heads": 2, "readout_zero_init": True,
                                              "without": ["readout"]}))
     assert all(p.param.abs().sum() > 0 for p in parameter_roles(kept) if p.role == "attention_gate")
+
+
+def test_a_base_shape_the_architecture_cannot_take_is_refused_in_one_line():
+    """A base twin at width 33 with 3 heads cannot exist (RoPE needs an even head width; 3PT d_model divisible by 6),
+    and the error says it is the base shape that cannot be built, not the model asked for."""
+    refusal = r"at its base shape \(d_model=33, n_heads=3\).*cannot be built"
+    with pytest.raises(ArchitectureError, match=refusal) as info:
+        GPT(65, 16, TransformerConfig(d_model=96, n_layers=1, n_heads=3, norm="3pt", parametrization="mup",
+                                      parametrization_options={"base_width": 33, "base_heads": 3}))
+    assert "\n" not in str(info.value)
+    GPT(65, 16, TransformerConfig(d_model=96, n_layers=1, n_heads=3, norm="3pt", parametrization="mup",
+                                  parametrization_options={"base_width": 36, "base_heads": 3}))

@@ -398,9 +398,14 @@ class TransformerStack(nn.Module):
         if shape is None:
             return roles
         base_width, base_heads = shape
-        with torch.device("meta"):
-            base = TransformerStack(self.base_config(base_width, base_heads), causal=self.info.causal,
-                                    max_len=self.max_len)
+        try:
+            with torch.device("meta"):
+                base = TransformerStack(self.base_config(base_width, base_heads), causal=self.info.causal,
+                                        max_len=self.max_len)
+        except (ValueError, registry.PluginError) as exc:
+            raise ValueError(f"this model at its base shape (d_model={base_width}, n_heads={base_heads}), which gives "
+                             f"each matrix its width ratio, cannot be built: {exc}; choose a base width this "
+                             f"architecture accepts") from exc
         ratios = width_ratios(self, base, roles)
         m_d = self.cfg.d_model / base_width
         out = []
