@@ -30,6 +30,7 @@ Pure PyTorch: nothing here knows about Lightning.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -93,8 +94,14 @@ ROLE_GROUPS: dict[str, str] = {
 }
 
 # Whether a kind decays by default (nanoGPT's rule: matrices and embeddings do, vectors and scalars do not).
-KIND_DECAYS: dict[str, bool] = {Kind.HIDDEN: True, Kind.EMBEDDING: True, Kind.HEAD: True, Kind.VECTOR: False,
-                                Kind.SCALAR: False}
+KIND_DECAYS: dict[str, bool] = {Kind.HIDDEN: True, Kind.EMBEDDING: True, Kind.HEAD: True, Kind.READOUT: True,
+                                Kind.VECTOR: False, Kind.SCALAR: False}
+
+# How a parameter's own init scales with width (``declare_role(..., init=...)``): ``fixed``, a std that does not
+# depend on width (the stack's ``init_std``, a constant, zero), which a width parametrization scales by its whole
+# rule; ``fan_in``, a std already over sqrt(fan-in) (nn.Linear's default, Xavier), which is muP's hidden rule
+# already, so only a readout's remaining 1/sqrt(fan-in ratio) is left to apply.
+INITS = ("fixed", "fan_in")
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,8 @@ class RoleDeclaration:
     kind: str
     group: str
     rows: tuple[tuple[str, int, int], ...] | None = None
+    fan_in_dim: int | None = None
+    init: str = "fixed"
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,10 @@ class ParameterRole:
     ``slices`` lists the logical matrices of a fused parameter as (role, start, stop) along dim 0, e.g. a q|k|v
     weight gives ``(("q", 0, d), ("k", d, 2d), ("v", 2d, 3d))``; None for a parameter that is one thing.
     ``role`` of a fused parameter joins its parts (``"q|k|v"``); they always share one ``kind``.
+    ``fan_in_dim``: the dim its input is summed over (``fan_in_dim`` below), None for none (gains, scalars).
+    ``init``: how its own init scales with width (``INITS``). ``fan_in_ratio``/``fan_out_ratio``: its fan-in
+    and fan-out over those of its twin in the model built at the base shape (``width_ratios``); 1 where no base
+    shape was given.
     """
 
     name: str
@@ -123,6 +136,10 @@ class ParameterRole:
     kind: str
     group: str
     slices: tuple[tuple[str, int, int], ...] | None = None
+    fan_in_dim: int | None = None
+    init: str = "fixed"
+    fan_in_ratio: float = 1.0
+    fan_out_ratio: float = 1.0
 
 
 class UndeclaredRoleError(ValueError):
@@ -130,16 +147,26 @@ class UndeclaredRoleError(ValueError):
 
 
 def declare_role(module: nn.Module, param_name: str, role: str | dict[str, tuple[int, int]], *,
-                 kind: str | None = None, group: str | None = None) -> None:
+                 kind: str | None = None, group: str | None = None, fan_in_dim: int | None = None,
+                 init: str = "fixed") -> None:
     """Declare what ``module.<param_name>`` is.
 
     ``role``: a built-in role (``arch_plugins.interfaces.Role``), a plugin's own role name (then ``kind`` is
     required: one of ``arch_plugins.interfaces.Kind``), or, for a fused matrix, ``{role: (start, stop)}`` row
     slices of the weight (shape (d_out, d_in)) covering all its rows, all of one kind. ``group``: where the
     diagnostics report it per layer (default: the role's, e.g. ``qkv``, ``norms``; plugin roles: ``other``).
+    ``fan_in_dim``: the dim the parameter's input is summed over, when it is not the default (dim 1 of a matrix
+    stored as ``x @ W.T``, dim 0 of a readout vector): e.g. 0 for a (d, k) matrix used as ``x @ W``.
+    ``init``: how the module's own init scales with width, ``fixed`` (default) or ``fan_in`` (``INITS``).
     """
     _parameter(module, param_name, "declare a role for")
     param = getattr(module, param_name)
+    if init not in INITS:
+        raise ValueError(f"init={init!r}: say how {type(module).__name__}.{param_name}'s init scales with width, "
+                         f"one of {', '.join(INITS)}")
+    if fan_in_dim is not None and not -param.dim() <= fan_in_dim < param.dim():
+        raise ValueError(f"fan_in_dim={fan_in_dim} is no dim of {type(module).__name__}.{param_name} (shape "
+                         f"{tuple(param.shape)}); give the dim its input is summed over")
     if isinstance(role, dict):
         if not role:
             raise ValueError("declare_role needs at least one row slice")
@@ -153,10 +180,10 @@ def declare_role(module: nn.Module, param_name: str, role: str | dict[str, tuple
             raise ValueError(f"the parts of a fused parameter must share one kind, got {sorted(kinds)}")
         names = [r for r, _, _ in rows]
         declaration = RoleDeclaration("|".join(names), kinds.pop(), group or ROLE_GROUPS.get(names[0], "other"),
-                                      rows if len(rows) > 1 else None)
+                                      rows if len(rows) > 1 else None, fan_in_dim, init)
     else:
         declaration = RoleDeclaration(role, _kind(role, kind), group or ROLE_GROUPS.get(role, "other"),
-                                      None)
+                                      None, fan_in_dim, init)
     _declare(module, "role", param_name, declaration)
 
 
@@ -226,7 +253,8 @@ def parameter_roles(model: nn.Module, *, strict: bool = True) -> list[ParameterR
             continue
         if id(param) in declared:
             d = declared[id(param)][1]
-            result.append(ParameterRole(name, param, d.role, d.kind, d.group, d.rows))
+            result.append(ParameterRole(name, param, d.role, d.kind, d.group, d.rows,
+                                        fan_in_dim(d.kind, param.dim(), d.fan_in_dim), d.init))
         elif strict:
             module, _, attr = name.rpartition(".")
             raise UndeclaredRoleError(
@@ -236,11 +264,49 @@ def parameter_roles(model: nn.Module, *, strict: bool = True) -> list[ParameterR
                 f"(arch_plugins.declarations; see docs/plugins/declarations.md)")
         else:
             kind = Kind.HIDDEN if param.dim() >= 2 else Kind.VECTOR
-            result.append(ParameterRole(name, param, UNDECLARED, kind, "other"))
+            result.append(ParameterRole(name, param, UNDECLARED, kind, "other", None, fan_in_dim(kind, param.dim())))
     return result
 
 
 UNDECLARED = "undeclared"
+
+
+def fan_in_dim(kind: str, ndim: int, declared: int | None = None) -> int | None:
+    """The dim a parameter's input is summed over: the declared one, else dim 1 of a matrix (torch's (out, in)
+    layout, conv weights included; dim 0 of an embedding table, whose rows are looked up), dim 0 of a readout
+    vector (``w . x``), none for a gain, bias or scalar (its width, if any, is its fan-out)."""
+    if declared is not None:
+        return declared % ndim
+    if ndim == 0 or (ndim == 1 and kind != Kind.READOUT):
+        return None
+    if ndim == 1 or (kind == Kind.EMBEDDING and ndim == 2):
+        return 0
+    return 1
+
+
+def fan_ratios(shape: tuple[int, ...], base: tuple[int, ...], fan_in: int | None) -> tuple[float, float]:
+    """(fan-in ratio, fan-out ratio) of a parameter of ``shape`` against its twin of shape ``base`` in the model
+    built at the base shape: the growth of the dim its input is summed over, and of all the others together."""
+    if len(shape) != len(base):
+        raise ValueError(f"a parameter of shape {tuple(shape)} has a twin of shape {tuple(base)} at the base shape: "
+                         f"a base shape changes sizes, never the number of dims")
+    ratios = [s / b for s, b in zip(shape, base, strict=True)]
+    r_in = ratios[fan_in] if fan_in is not None else 1.0
+    r_out = math.prod(r for i, r in enumerate(ratios) if i != fan_in)
+    return r_in, r_out
+
+
+def width_ratios(model: nn.Module, base: nn.Module, roles: list[ParameterRole]) -> dict[int, tuple[float, float]]:
+    """``{id(parameter): (fan-in ratio, fan-out ratio)}`` for every parameter in ``roles`` that ``base`` (the same
+    module built at the base shape, e.g. on the meta device) holds under the same name; others are left out."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    twins = dict(base.named_parameters())
+    out = {}
+    for p in roles:
+        twin = twins.get(names.get(id(p.param), ""))
+        if twin is not None:
+            out[id(p.param)] = fan_ratios(tuple(p.param.shape), tuple(twin.shape), p.fan_in_dim)
+    return out
 
 
 def role_table(model: nn.Module, *, strict: bool = False) -> list[dict[str, Any]]:

@@ -103,15 +103,19 @@ class Kind:
 
     ``hidden``: a matrix both of whose dims grow with width (Muon's domain; muP's matrix-like rules).
     ``embedding``: maps a finite input (vocabulary, patches, positions) into the width. ``head``: maps the width
-    to a finite output (logits). ``vector``: one dim grows with width (gains, biases). ``scalar``: none does.
+    to a finite output (logits). ``readout``: inside the model, a weight whose fan-in grows with width and whose
+    fan-out does not (a gate or mixing coefficient read off the stream: muP's output-layer rules, lr and init
+    over the fan-in ratio). ``vector``: one dim grows with width and it is the fan-out (gains, biases).
+    ``scalar``: none does.
     """
 
     HIDDEN = "hidden"
     EMBEDDING = "embedding"
     HEAD = "head"
+    READOUT = "readout"
     VECTOR = "vector"
     SCALAR = "scalar"
-    ALL = (HIDDEN, EMBEDDING, HEAD, VECTOR, SCALAR)
+    ALL = (HIDDEN, EMBEDDING, HEAD, READOUT, VECTOR, SCALAR)
 
 
 class NormStrategy:
@@ -322,8 +326,16 @@ class Parametrization:
               projection: ProjectionType) -> None:
         """Raise ``ValueError`` (one line, what to do) for a combination this parametrization has no rule for."""
 
+    def base_shape(self, stack: StackInfo) -> tuple[int, int] | None:
+        """(d_model, n_heads) of the model at the base shape, the width its hyperparameters were tuned at, or None
+        (no base: every parameter is its own base). The stack builds itself at that width (on the meta device,
+        its own ``mlp_hidden`` rule included) and gives every parameter its own fan-in and fan-out ratios against
+        its base twin (``ParameterRole.fan_in_ratio``/``fan_out_ratio``), as microsoft/mup's base shapes do."""
+        return None
+
     def init_multiplier(self, role: str, kind: str, stack: StackInfo) -> float:
-        """Multiplies the init std of a matrix the block builds (``kind`` is the role's ``Kind``)."""
+        """Multiplies the init std of a matrix the block builds (``kind`` is the role's ``Kind``). A rule that
+        depends on the matrix's own shape belongs in ``reinitialize``, which sees its fan-in ratio."""
         return 1.0
 
     def attention_multiplier(self, stack: StackInfo) -> float:
@@ -345,8 +357,9 @@ class Parametrization:
 
     def reinitialize(self, parameter, stack: StackInfo) -> None:
         """Change the init of one ``ParameterRole`` after the whole model is built (called under ``no_grad``):
-        e.g. a zero-initialised query (the rows of a fused q|k|v matrix that ``parameter.slices`` names q).
-        Default: keep it."""
+        e.g. a zero-initialised query (the rows of a fused q|k|v matrix that ``parameter.slices`` names q), or
+        muP's init over the parameter's own fan-in ratio (``parameter.fan_in_ratio``; ``parameter.init``
+        says whether its std was width-independent or already over sqrt(fan-in)). Default: keep it."""
 
     def optimizer_scale(self, parameter, stack: StackInfo, *, in_blocks: bool):
         """The ``OptimizerScale`` (lr, weight decay, epsilon multipliers) of one ``ParameterRole``; ``in_blocks``:

@@ -37,9 +37,10 @@ def corpus() -> tuple[torch.Tensor, int]:
     return torch.tensor(tokenizer.encode(text)), tokenizer.vocab_size
 
 
-def setup(parametrization: str, d_model: int = 32, n_layers: int = 2, **options) -> CoordCheckSetup:
+def setup(parametrization: str, d_model: int = 32, n_layers: int = 2, arch: dict | None = None,
+          **options) -> CoordCheckSetup:
     tokens, vocab = corpus()
-    arch = TransformerConfig(d_model=d_model, n_layers=n_layers, n_heads=2, mlp="gelu",
+    arch = TransformerConfig(**{"mlp": "gelu", **(arch or {})}, d_model=d_model, n_layers=n_layers, n_heads=2,
                              parametrization=parametrization, parametrization_options=options)
     return CoordCheckSetup(arch, tokens, vocab, block_size=32, batch_size=8, lr=1e-3, steps=10)
 
@@ -87,6 +88,37 @@ def test_muon_without_mups_rule_fails_the_width_check():
     # Without the hidden lr rule mup declares no rule for Muon, which keeps its own adjust_lr (match_rms_adamw).
     check = coord_check(muon_setup("mup", **MUP, without=["hidden_lr"]), widths=[32, 64, 128], seeds=[0])
     assert worst(check) >= 0.3, check.slopes()
+
+
+# Plugin readouts, on the SwiGLU model (its rounded hidden width: 128, 192, 384 at d = 32, 64, 128), their
+# pre-activations found by the generic hook over the declared roles. Measured (2 seeds, widths 32..256, lr 1e-3):
+# hyper-connections' dynamic alpha -0.023 under mup, +0.946 with the readout rule left out (the old vector kind).
+READOUT_CASES = {
+    "hyperconn": ({"mlp": "swiglu", "residual": "hyperconn"}, ("pre:hc_dynamic_alpha", "pre:hc_dynamic_beta")),
+    "gated_attention": ({"mlp": "swiglu", "gated_attention": True}, ("pre:attention_gate",)),
+}
+
+
+def readout_check(case: str, without: tuple[str, ...] = (), seeds: int = 1):
+    arch, _ = READOUT_CASES[case]
+    return coord_check(setup("mup", arch=arch, **MUP, without=list(without)), widths=[32, 64, 128],
+                       seeds=range(seeds))
+
+
+@pytest.mark.parametrize("case", list(READOUT_CASES))
+def test_plugin_readout_slopes_are_flat_under_mup(case):
+    """Two seeds: at one, the gate's slope over widths 32-128 reached 0.13 (0.045 at two)."""
+    slopes = readout_check(case, seeds=2).slopes()
+    sites = READOUT_CASES[case][1]
+    assert {site for _, site in slopes} >= set(sites) | {"pre:q|k|v", "pre:mlp_out"}, slopes
+    assert all(abs(slopes[q, site]) <= 0.1 for q in ("act", "delta") for site in sites), slopes
+
+
+@pytest.mark.parametrize("case", list(READOUT_CASES))
+def test_plugin_readouts_as_vectors_fail_the_width_check(case):
+    """The readout rule left out is what they got as Kind.VECTOR: the base lr and init at every width."""
+    slopes = readout_check(case, ("readout",)).slopes()
+    assert max(slopes["delta", site] for site in READOUT_CASES[case][1]) >= 0.3, slopes
 
 
 def test_completep_depth_slopes_are_flat():

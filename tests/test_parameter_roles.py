@@ -238,7 +238,7 @@ def test_the_role_table_counts_every_parameter_and_is_logged(tmp_path):
     assert sum(r["parameters"] for r in rows.values()) == sum(p.numel() for p in trainable(model))
     d, layers = 32, 2
     assert rows["q"]["parameters"] == rows["k"]["parameters"] == layers * d * d  # fused q|k|v counted per part
-    assert rows["hc_dynamic_alpha"]["kind"] == Kind.VECTOR and rows["hc_dynamic_alpha"]["decay"] is True
+    assert rows["hc_dynamic_alpha"]["kind"] == Kind.READOUT and rows["hc_dynamic_alpha"]["decay"] is True
 
     logged = {}
 

@@ -41,6 +41,14 @@ def gpt(parametrization: str = "sp", d: int = 64, layers: int = 2, **options) ->
                                          parametrization_options=options))
 
 
+def fan_in_ratio(model: GPT, p, base_width: int) -> float:
+    """A hidden matrix's own fan-in ratio: d_model's, but SwiGLU's rounded hidden width for mlp_out."""
+    cfg = model.stack.cfg
+    if p.role == Role.MLP_OUT:
+        return cfg.resolved_mlp_hidden() / dataclasses.replace(cfg, d_model=base_width).resolved_mlp_hidden()
+    return cfg.d_model / base_width
+
+
 def group_of(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict:
     return next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
 
@@ -101,7 +109,8 @@ def test_mup_rules_by_role():
     optimizer = adamw(model, LR, WD, (0.9, 0.95))
     for p in parameter_roles(model):
         group = group_of(optimizer, p.param)
-        assert group["lr"] == pytest.approx(LR / m_d if p.kind == Kind.HIDDEN else LR), p.name
+        ratio = fan_in_ratio(model, p, base)  # mlp_out: SwiGLU's 384 / 128 = 3, not 4
+        assert group["lr"] == pytest.approx(LR / ratio if p.kind == Kind.HIDDEN else LR), p.name
         assert group["eps"] == ADAM_EPS
         assert group["weight_decay"] == (WD if p.kind in (Kind.HIDDEN, Kind.EMBEDDING, Kind.HEAD) else 0.0)
     # Hidden init std 0.02 / sqrt(m_d) (the stream writers also keep GPT-2's 1/sqrt(2 n_layers)).
@@ -113,6 +122,48 @@ def test_mup_rules_by_role():
     head_dim, base_head_dim = d // 2, base // 2
     assert block.attn.scale == pytest.approx(math.sqrt(base_head_dim) / head_dim)
     assert model.readout_multiplier == pytest.approx(1 / m_d)
+
+
+@pytest.mark.parametrize("name", ["mup", "mup_wd", "completep"])
+def test_mlp_out_lr_and_init_follow_its_own_fan_in_ratio(name):
+    """SwiGLU's hidden width is rounded up to a multiple of 64: 128 at d = 32, 704 at d = 256. At 8x width mlp_out's
+    fan-in grew 5.5x, so muP gives it lr / 5.5 and init std / sqrt(5.5), not the d_model ratio's / 8 and
+    / sqrt(8) (review D7: 31 % too little lr). The other hidden matrices read d_model: / 8."""
+    torch.manual_seed(0)
+    model = GPT(65, 16, TransformerConfig(d_model=256, n_layers=2, n_heads=2, parametrization=name,
+                                          parametrization_options={"base_width": 32, "base_heads": 2}))
+    block = model.stack.blocks[0]
+    assert tuple(block.mlp.down.weight.shape) == (256, 704)
+    scales = optimizer_scales(model)
+    assert scales[id(block.mlp.down.weight)].lr == pytest.approx(1 / 5.5)
+    assert scales[id(block.mlp.up.weight)].lr == pytest.approx(1 / 8)
+    assert scales[id(block.attn.out.weight)].lr == pytest.approx(1 / 8)
+    writer = 1 if name == "completep" else 1 / math.sqrt(2 * 2)  # GPT-2's 1/sqrt(2L), dropped by CompleteP
+    downs = torch.cat([b.mlp.down.weight.flatten() for b in model.stack.blocks])
+    assert downs.std().item() == pytest.approx(0.02 / math.sqrt(5.5) * writer, rel=0.02)
+    assert block.mlp.up.weight.std().item() == pytest.approx(0.02 / math.sqrt(8), rel=0.02)
+    if name != "mup":  # the weight-decay rules read the same ratio: mup_wd's sqrt(r_in), CompleteP's r_in
+        assert scales[id(block.mlp.down.weight)].weight_decay == pytest.approx(5.5 ** (0.5 if name == "mup_wd" else 1))
+
+
+def test_building_the_base_shape_draws_no_random_numbers():
+    """The base twin is built on the meta device: a mup model's later random numbers (dropout, data) are SP's."""
+    torch.manual_seed(0)
+    gpt("sp", d=128)
+    after_sp = torch.rand(3)
+    torch.manual_seed(0)
+    gpt("mup", d=128, base_width=32)
+    assert torch.equal(torch.rand(3), after_sp)
+
+
+def test_an_explicit_mlp_hidden_without_a_whole_base_twin_is_refused_in_one_line():
+    with pytest.raises(ArchitectureError, match="mlp_hidden=100 at d_model=64 has no base twin") as info:
+        GPT(65, 16, TransformerConfig(d_model=64, n_layers=1, n_heads=2, mlp_hidden=100, parametrization="mup",
+                                      parametrization_options={"base_width": 24, "base_heads": 2}))
+    assert "\n" not in str(info.value)
+    model = GPT(65, 16, TransformerConfig(d_model=64, n_layers=1, n_heads=2, mlp_hidden=96, parametrization="mup",
+                                          parametrization_options={"base_width": 32, "base_heads": 2}))
+    assert optimizer_scales(model)[id(model.stack.blocks[0].mlp.down.weight)].lr == pytest.approx(1 / 2)
 
 
 def attention_scale(model: GPT) -> float:
@@ -182,8 +233,9 @@ def test_mup_wd_rules():
     for p in parameter_roles(model):
         group = group_of(optimizer, p.param)
         if p.kind == Kind.HIDDEN:
-            assert group["lr"] == pytest.approx(LR * base / d)
-            assert group["weight_decay"] == pytest.approx(WD * math.sqrt(d / base))  # Fan et al.: lambda ~ sqrt(d)
+            ratio = fan_in_ratio(model, p, base)
+            assert group["lr"] == pytest.approx(LR / ratio)
+            assert group["weight_decay"] == pytest.approx(WD * math.sqrt(ratio))  # Fan et al.: lambda ~ sqrt(d)
         else:
             assert group["lr"] == LR and group["weight_decay"] == 0.0, p.name
     linear = gpt("mup_wd", d=d, base_width=base, weight_decay_exponent=1.0)
@@ -202,8 +254,9 @@ def test_completep_rules(alpha):
         group = group_of(optimizer, p.param)
         assert group["eps"] == pytest.approx(ADAM_EPS / m_d * m_l ** -alpha), p.name
         if p.kind == Kind.HIDDEN:
-            assert group["lr"] == pytest.approx(LR / m_d * m_l ** (alpha - 1))
-            assert group["weight_decay"] == pytest.approx(WD * m_d)
+            ratio = fan_in_ratio(model, p, base_w)
+            assert group["lr"] == pytest.approx(LR / ratio * m_l ** (alpha - 1))
+            assert group["weight_decay"] == pytest.approx(WD * ratio)
         elif id(p.param) in inside:
             assert group["lr"] == pytest.approx(LR * m_l ** (alpha - 1)) and group["weight_decay"] == 0.0
         else:  # embedding, final norm, head
@@ -318,8 +371,8 @@ def test_roles_drive_the_rules_not_names():
     """A hidden matrix declared under another role name of the hidden kind gets the hidden rule."""
     model = gpt("mup", d=64, base_width=32)
     hidden = {p.name for p in parameter_roles(model) if p.kind == Kind.HIDDEN}
-    assert hidden and all(optimizer_scales(model)[id(p.param)].lr == 0.5 for p in parameter_roles(model)
-                          if p.name in hidden)
+    assert hidden and all(optimizer_scales(model)[id(p.param)].lr == pytest.approx(1 / fan_in_ratio(model, p, 32))
+                          for p in parameter_roles(model) if p.name in hidden)
     assert Role.GAIN not in {p.role for p in parameter_roles(model) if p.name in hidden}
 
 
@@ -390,3 +443,76 @@ def test_muon_under_mup_follows_the_spectral_rule_at_every_width():
     optimizer = MuonOptimizer().build(gpt("mup", d=128, base_width=64, without=["hidden_lr"]), lr=LR,
                                       weight_decay=WD, betas=(0.9, 0.95))
     assert {g["adjust_lr"] for g in optimizer.param_groups if g["muon"]} == {"match_rms_adamw"}
+
+
+def plugin_model(d: int, **arch) -> GPT:
+    torch.manual_seed(0)
+    return GPT(65, 16, TransformerConfig(d_model=d, n_layers=2, n_heads=2, bias=False, parametrization="mup",
+                                         parametrization_options={"base_width": 32, "base_heads": 2}, **arch))
+
+
+@pytest.mark.parametrize("arch,readouts", [
+    ({"residual": "hyperconn"}, ("hc_dynamic_alpha", "hc_dynamic_beta")),
+    ({"residual": "mhc"}, ("mhc_projection",)),
+    ({"residual": "attnres_block", "residual_options": {"block_size": 2}}, ("attnres_query",)),
+    ({"gated_attention": True}, ("attention_gate",)),
+    ({"residual": "laurel_lr", "residual_options": {"rank": 8}}, ("laurel_down",)),  # hidden-kind, fan-in d
+], ids=["hyperconn", "mhc", "attnres", "gate", "laurel"])
+def test_plugin_readouts_get_muP_s_readout_lr(arch, readouts):
+    """Fan-in grows with width, fan-out does not: lr x base/width under mup (review D2: they kept the base lr as
+    vectors), at 4x width with 2 heads (the gate's fan-in, head_dim, grows 4x too)."""
+    model = plugin_model(128, **arch)
+    scales = optimizer_scales(model)
+    found = {p.role: scales[id(p.param)].lr for p in parameter_roles(model) if p.role in readouts}
+    assert set(found) == set(readouts)
+    assert all(lr == pytest.approx(1 / 4) for lr in found.values()), found
+
+
+def test_laurel_s_rank_r_up_keeps_the_base_lr():
+    """up maps the fixed rank r to d: its fan-in never grows, so muP keeps its Adam lr (it got lr/m_d: 0.25)."""
+    model = plugin_model(128, residual="laurel_lr", residual_options={"rank": 8})
+    scales = optimizer_scales(model)
+    ups = [p for p in parameter_roles(model) if p.role == "laurel_up"]
+    assert ups and all(scales[id(p.param)].lr == 1.0 for p in ups)
+
+
+def test_pattention_key_tokens_follow_the_hidden_init_rule():
+    """key_std 0.02 at the base, 0.02 / sqrt(4) at 4x width (review D2: 0.020 at every width); the value tokens'
+    init, 2 / (L sqrt(d)), already falls with width and is kept."""
+    stds = {}
+    for d in (32, 128):
+        model = plugin_model(d, projection="pattention")
+        for p in parameter_roles(model):
+            stds.setdefault((d, p.role), []).append(p.param.detach().flatten())
+    key = {d: torch.cat(stds[d, "pattention_key"]).std().item() for d in (32, 128)}
+    value = {d: torch.cat(stds[d, "pattention_value"]).std().item() for d in (32, 128)}
+    assert key[32] == pytest.approx(0.02, rel=0.03) and key[128] == pytest.approx(0.01, rel=0.03)
+    assert value[128] == pytest.approx(2 / (2 * math.sqrt(128)), rel=0.03)
+
+
+def test_readout_zero_init_starts_the_plugin_readouts_at_zero_too():
+    """The gate's nn.Linear init would decay with width under muP's readout init while its update does not; from
+    zero only the update is left (left out with the readout rule: then it is a vector again, kept as built)."""
+    model = gpt("mup", d=64, base_width=32, readout_zero_init=True, **{})
+    gated = GPT(65, 16, TransformerConfig(d_model=64, n_layers=1, n_heads=2, gated_attention=True,
+                                          parametrization="mup", parametrization_options={
+                                              "base_width": 32, "base_heads": 2, "readout_zero_init": True}))
+    gate = [p for p in parameter_roles(gated) if p.role == "attention_gate"]
+    assert gate and all(torch.all(p.param == 0) for p in gate) and torch.all(model.head.weight == 0)
+    kept = GPT(65, 16, TransformerConfig(d_model=64, n_layers=1, n_heads=2, gated_attention=True,
+                                         parametrization="mup", parametrization_options={
+                                             "base_width": 32, "base_heads": 2, "readout_zero_init": True,
+                                             "without": ["readout"]}))
+    assert all(p.param.abs().sum() > 0 for p in parameter_roles(kept) if p.role == "attention_gate")
+
+
+def test_a_base_shape_the_architecture_cannot_take_is_refused_in_one_line():
+    """A base twin at width 33 with 3 heads cannot exist (RoPE needs an even head width; 3PT d_model divisible by 6),
+    and the error says it is the base shape that cannot be built, not the model asked for."""
+    refusal = r"at its base shape \(d_model=33, n_heads=3\).*cannot be built"
+    with pytest.raises(ArchitectureError, match=refusal) as info:
+        GPT(65, 16, TransformerConfig(d_model=96, n_layers=1, n_heads=3, norm="3pt", parametrization="mup",
+                                      parametrization_options={"base_width": 33, "base_heads": 3}))
+    assert "\n" not in str(info.value)
+    GPT(65, 16, TransformerConfig(d_model=96, n_layers=1, n_heads=3, norm="3pt", parametrization="mup",
+                                  parametrization_options={"base_width": 36, "base_heads": 3}))

@@ -81,8 +81,11 @@ class CompleteP(MuP):
         depth_lr = m_L ** (self.alpha - 1) if self.uses("depth_lr") else 1.0
         eps = 1.0 / m_d * m_L ** -self.alpha if self.uses("eps") else 1.0
         if parameter.kind == Kind.HIDDEN:
-            lr = (1.0 / m_d if self.uses("hidden_lr") else 1.0) * depth_lr
-            return OptimizerScale(lr=lr, weight_decay=m_d if self.uses("weight_decay") else 1.0, eps=eps)
+            lr = self.width_lr(parameter) * depth_lr  # 1/r_in: the matrix's own fan-in ratio
+            wd = parameter.fan_in_ratio if self.uses("weight_decay") else 1.0
+            return OptimizerScale(lr=lr, weight_decay=wd, eps=eps)
+        if parameter.kind == Kind.READOUT:
+            return OptimizerScale(lr=self.width_lr(parameter) * (depth_lr if in_blocks else 1.0), eps=eps)
         if in_blocks:
             return OptimizerScale(lr=depth_lr, eps=eps)
         return OptimizerScale(eps=eps)

@@ -1,10 +1,17 @@
 """Maximal update parametrization (muP) for Adam, and muP with the width-robust weight-decay rule.
 
-Rules (width multiplier m_d = d_model / base_width), in the form of Tensor Programs V's Table 8 as
-microsoft/mup (``MuAdam``, ``MuReadout``) and EleutherAI/nanoGPT-mup implement it:
+Rules, in the form of Tensor Programs V's Table 8 as microsoft/mup (``MuAdam``, ``MuReadout``) and
+EleutherAI/nanoGPT-mup implement it. Every matrix has its own width multiplier: its fan-in ratio r_in, its fan-in
+over that of its twin in the same model built at the base shape (microsoft/mup's base shapes), so SwiGLU's
+rounded hidden width gives ``mlp_out`` its own ratio; the head's is m_d = d_model / base_width:
 
 - hidden matrices (``Kind.HIDDEN``: q, k, v, attention out, MLP in/gate/out, a plugin's hidden tokens): init
-  variance divided by m_d (std by sqrt(m_d)) and Adam learning rate divided by m_d;
+  variance divided by r_in (std by sqrt(r_in)) and Adam learning rate divided by r_in (a matrix whose fan-in
+  does not grow, LAUREL's rank-r ``up``, keeps both);
+- readouts inside the model (``Kind.READOUT``: fan-in grows, fan-out fixed; hyper-connections' dynamic
+  alpha/beta, mHC's phi, AttnRes's queries, the attention gate): Adam learning rate divided by r_in and init std
+  divided by r_in (an init already over sqrt(fan-in), ``init="fan_in"``, by sqrt(r_in)), which is
+  ``MuReadout``'s 1/width multiplier moved into the weight;
 - embeddings, head, gains, biases, scalars: init and learning rate unchanged;
 - readout: the head's input multiplied by ``output_multiplier / m_d`` (``MuReadout``), so the logits of a
   bias-free head are;
@@ -24,7 +31,7 @@ from arch_plugins.declarations import OptimizerScale
 from arch_plugins.interfaces import Kind, NormStrategy, Parametrization, ProjectionType, ResidualType, Role, StackInfo
 from arch_plugins.parametrizations.base_shape import base_shape_head_dim, known_rules, positive, width_multiplier
 
-MUP_RULES = ("hidden_init", "hidden_lr", "output_multiplier", "attention_scale")
+MUP_RULES = ("hidden_init", "hidden_lr", "output_multiplier", "attention_scale", "readout")
 
 
 class MuP(Parametrization):
@@ -41,18 +48,27 @@ class MuP(Parametrization):
             the model is widened at a fixed number of heads). With a base width, one of the two is required: the
             attention rule needs the base model's head size, which the target's head count does not give.
         output_multiplier: alpha_output, the readout's tunable constant (TP-V tunes it at the base shape).
-        readout_zero_init: start the head at zero (microsoft/mup's ``readout_zero_init``); an untied head only (a
-            tied head is the embedding, which keeps its init: refused in one line).
+        readout_zero_init: start the head at zero (microsoft/mup's ``readout_zero_init``), and every readout inside
+            the model (``Kind.READOUT``: a gate's weight, mHC's phi; hyper-connections' and AttnRes's start at zero
+            anyway), whose init part otherwise decays with width while its update does not (the attention gate's
+            pre-activation change: slope -0.41 over widths 32-256 with muP's readout init, -0.04 from zero); an
+            untied head only (a tied head is the embedding, which keeps its init: refused in one line).
         query_zero_init: start the query rows of the q|k|v projection at zero.
         without: rules to leave out (an ablation, as nanoGPT-mup's ``sp_with_mup_*`` scripts):
-            ``hidden_init``, ``hidden_lr``, ``output_multiplier``, ``attention_scale``.
+            ``hidden_init``, ``hidden_lr``, ``output_multiplier``, ``attention_scale``, ``readout`` (the
+            readouts' init and lr: what they got when they were declared vectors).
+
+    The init rules are applied in ``reinitialize``, once the whole model is built and each parameter's fan-in
+    ratio is known (a matrix built from the stack's width-independent ``init_std`` is scaled by the whole rule).
 
     Weight decay is left as the recipe says (PyTorch's AdamW then decays hidden matrices by lr*lambda/m_d:
     nanoGPT-mup's master branch does the same); ``mup_wd`` and ``completep`` scale it.
 
-    Composition: rules follow each parameter's kind, so a plugin's own parameters get the rule of the kind it
-    declares (a gain-like ``Kind.VECTOR`` keeps the base lr; a Pattention's key/value tokens are ``Kind.HIDDEN``
-    and get the hidden rules, which muP has not been derived for: unverified). A norm strategy's own attention
+    Composition: rules follow each parameter's kind and its own fan-in ratio, so a plugin's own parameters get
+    the rule of the kind it declares (a gain-like ``Kind.VECTOR`` keeps the base lr; a readout-like
+    ``Kind.READOUT`` gets the readout rules; a Pattention's key/value tokens are ``Kind.HIDDEN`` and get the
+    hidden init and lr rules over their own fan-in, the value tokens' init being already over sqrt(fan-in)). The
+    coord-check records every such parameter's pre-activation. A norm strategy's own attention
     scale (QK-norm variants) is multiplied by the same sqrt(base_head_dim/head_dim). Norm strategies that keep
     weights on the unit sphere (the hypersphere, nGPT) fix the weights' scale themselves: no muP rule is
     defined there, and the combination is refused. The embedding's input multiplier (TP-V's alpha_input) is
@@ -98,10 +114,32 @@ class MuP(Parametrization):
     def m_d(self, stack: StackInfo) -> float:
         return width_multiplier(stack, self.base_width)
 
-    def init_multiplier(self, role: str, kind: str, stack: StackInfo) -> float:
-        if kind == Kind.HIDDEN and self.uses("hidden_init"):
-            return 1.0 / math.sqrt(self.m_d(stack))
+    def base_shape(self, stack: StackInfo) -> tuple[int, int] | None:
+        if self.base_width is None or self.base_width == stack.d_model and self.base_head_dim == stack.head_dim:
+            return None
+        if self.base_width % self.base_head_dim:
+            raise ValueError(f"base_width={self.base_width} is not a multiple of base_head_dim={self.base_head_dim}: "
+                             f"the base model splits its width into heads of that size")
+        return self.base_width, self.base_width // self.base_head_dim
+
+    def init_scale(self, parameter) -> float:
+        """What muP multiplies a parameter's built init by: 1/sqrt(r_in) for a hidden matrix, 1/r_in for a
+        readout (1/sqrt(r_in) when its own init is already over sqrt(fan-in)); 1 for every other kind."""
+        r = parameter.fan_in_ratio
+        if parameter.kind == Kind.HIDDEN and self.uses("hidden_init"):
+            return 1.0 if parameter.init == "fan_in" else r ** -0.5
+        if parameter.kind == Kind.READOUT and self.uses("readout"):
+            return r ** -0.5 if parameter.init == "fan_in" else 1.0 / r
         return 1.0
+
+    def width_lr_rule(self, parameter) -> bool:
+        """Whether muP has a width rule for this parameter's Adam learning rate (hidden matrices and readouts)."""
+        return (parameter.kind == Kind.HIDDEN and self.uses("hidden_lr")
+                or parameter.kind == Kind.READOUT and self.uses("readout"))
+
+    def width_lr(self, parameter) -> float:
+        """muP's Adam learning-rate multiplier for width: 1/r_in where it has a rule (``width_lr_rule``), else 1."""
+        return 1.0 / parameter.fan_in_ratio if self.width_lr_rule(parameter) else 1.0
 
     def attention_multiplier(self, stack: StackInfo) -> float:
         if not self.uses("attention_scale"):
@@ -119,12 +157,16 @@ class MuP(Parametrization):
             for role, start, stop in parameter.slices or ((parameter.role, 0, parameter.param.shape[0]),):
                 if role == Role.Q:
                     parameter.param[start:stop].zero_()
-        if self.readout_zero_init and parameter.role == Role.HEAD:
+        if self.readout_zero_init and (parameter.role == Role.HEAD
+                                       or parameter.kind == Kind.READOUT and self.uses("readout")):
             parameter.param.zero_()
+        scale = self.init_scale(parameter)
+        if scale != 1.0:
+            parameter.param.mul_(scale)
 
     def optimizer_scale(self, parameter, stack: StackInfo, *, in_blocks: bool) -> OptimizerScale | None:
-        if parameter.kind == Kind.HIDDEN and self.uses("hidden_lr"):
-            return OptimizerScale(lr=1.0 / self.m_d(stack))
+        if self.width_lr_rule(parameter):
+            return OptimizerScale(lr=self.width_lr(parameter))
         return None
 
     def muon_scale(self, parameter, stack: StackInfo, *, in_blocks: bool) -> OptimizerScale | None:
@@ -142,7 +184,8 @@ class MuPWeightDecay(MuP):
     Tuning" (arXiv 2510.15262): hidden (matrix-like) parameters keep muP's lr/m_d and get weight decay
     lambda * m_d**weight_decay_exponent; vector-like parameters (embeddings, head, gains, biases, scalars)
     train at the base lr (Theta(1)) with no weight decay. The paper's rule is lambda proportional to sqrt(d)
-    (the exponent 0.5, the default), from matching the top singular value of each matrix across widths;
+    (the exponent 0.5, the default), from matching the top singular value of each matrix across widths (with
+    each matrix's own fan-in ratio for d);
     ``weight_decay_exponent: 1`` gives lambda proportional to d (lr*lambda constant in width: CompleteP's and
     "independent" decay). All of muP's options and rules apply (``without`` also takes ``weight_decay``).
     """
@@ -157,8 +200,8 @@ class MuPWeightDecay(MuP):
         self.weight_decay_exponent = float(weight_decay_exponent)
 
     def optimizer_scale(self, parameter, stack: StackInfo, *, in_blocks: bool) -> OptimizerScale | None:
-        lr = 1.0 / self.m_d(stack) if parameter.kind == Kind.HIDDEN and self.uses("hidden_lr") else 1.0
+        lr = self.width_lr(parameter)
         if not self.uses("weight_decay"):
             return OptimizerScale(lr=lr)
-        wd = self.m_d(stack) ** self.weight_decay_exponent if parameter.kind == Kind.HIDDEN else 0.0
+        wd = parameter.fan_in_ratio ** self.weight_decay_exponent if parameter.kind == Kind.HIDDEN else 0.0
         return OptimizerScale(lr=lr, weight_decay=wd)

@@ -76,7 +76,10 @@ class Pattention(nn.Module):
         # Both token sets are (n, d) with n growing with width (n = d_model or 4 d_model): hidden matrices.
         # ``group``: the block's projection this Pattention stands for (qkv, attn_out, ffn), for the diagnostics.
         declare_role(self, "key_param_tokens", "pattention_key", kind=Kind.HIDDEN, group=group)
-        declare_role(self, "value_param_tokens", "pattention_value", kind=Kind.HIDDEN, group=group)
+        # scores (n) @ V: a value token's fan-in is dim 0 (the token count); its init 2/(L sqrt(d)) is already over
+        # sqrt(fan-in) at the default count (n grows with d). The key tokens' fixed key_std gets muP's whole rule.
+        declare_role(self, "value_param_tokens", "pattention_value", kind=Kind.HIDDEN, group=group, fan_in_dim=0,
+                     init="fan_in")
         self.reset_parameters()
 
     @property

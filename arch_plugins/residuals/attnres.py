@@ -34,7 +34,7 @@ import math
 import torch
 from torch import nn
 
-from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
+from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles, declare_weight_decay
 from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualStream, ResidualType, Role, StackInfo
 
@@ -52,7 +52,9 @@ class DepthAttention(nn.Module):
         super().__init__()
         self.query = nn.Parameter(torch.zeros(dim))
         self.key_gain = nn.Parameter(torch.ones(dim)) if key_norm == "rmsnorm" else None
-        declare_role(self, "query", "attnres_query", kind=Kind.VECTOR, group="residual")
+        # w . v reads the width down to one logit: a readout (zero at init); undecayed, as before roles existed.
+        declare_role(self, "query", "attnres_query", kind=Kind.READOUT, group="residual")
+        declare_weight_decay(self, "query", False)
         declare_roles(self, {"key_gain": Role.GAIN}, group="residual")
         self.normalise_keys, self.eps = key_norm != "none", eps
         declare_diagnostic(self, "query_norm", _query_norm)  # |w|: how far this sublayer moved off the average

@@ -80,9 +80,10 @@ class HyperConnection(StreamMixing):
             self.dynamic_beta = nn.Parameter(torch.zeros(dim))
             self.dynamic_beta_scale = nn.Parameter(torch.tensor(dynamic_scale))
             declare_role(self, "norm_gain", Role.GAIN, group="residual")
-            # d -> n+1 and d -> 1 read-outs of the stream: one dim grows with width.
+            # d -> n+1 and d -> 1 read-outs of the stream (h @ W: the fan-in is dim 0): muP's readout rules.
             declare_roles(self, {"dynamic_alpha": "hc_dynamic_alpha", "dynamic_beta": "hc_dynamic_beta"},
-                          kind=Kind.VECTOR, group="residual")
+                          kind=Kind.READOUT, group="residual", fan_in_dim=0)
+            declare_weight_decay(self, "dynamic_beta", False)  # a vector before roles existed: kept undecayed
             declare_roles(self, {"dynamic_alpha_scale": "hc_dynamic_scale", "dynamic_beta_scale": "hc_dynamic_scale"},
                           kind=Kind.SCALAR, group="residual")
             # A matrix, so it decayed before roles existed (the rule was ndim >= 2); kept so that runs compare.

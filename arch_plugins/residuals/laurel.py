@@ -74,7 +74,11 @@ class LowRank(nn.Module):
             else:  # xavier: the paper's ResNet init
                 nn.init.xavier_uniform_(self.down.weight)
             self.up.weight.zero_()
-        declare_role(self.down, "weight", "laurel_down", kind=Kind.HIDDEN, group="residual")
+        # Hidden-kind, each with its own fan-in ratio under a width parametrization: down (d -> r) reads the width
+        # (lr / r_in; its init is already over sqrt(d)), up (r -> d) reads the fixed rank (ratio 1: muP's Θ(1) lr).
+        # Not Kind.READOUT: a zero start for down (readout_zero_init) with up at zero would leave both without
+        # a gradient.
+        declare_role(self.down, "weight", "laurel_down", kind=Kind.HIDDEN, group="residual", init="fan_in")
         declare_role(self.up, "weight", "laurel_up", kind=Kind.HIDDEN, group="residual")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -74,9 +74,9 @@ class ManifoldConstrainedConnection(StreamMixing):
         self.alpha_post = nn.Parameter(torch.tensor(float(gating_init)))
         self.alpha_res = nn.Parameter(torch.tensor(float(gating_init)))
         self.bias = nn.Parameter(torch.zeros(n * n + 2 * n))
-        # phi maps the width to a handful of coefficients (vector-like as width grows, like hyper-connections'
-        # dynamic alpha); it decays as the matrix it is, as before roles existed.
-        declare_role(self, "phi", "mhc_projection", kind=Kind.VECTOR, group="residual")
+        # phi maps the width to a handful of coefficients (a readout, like hyper-connections' dynamic alpha; its
+        # Xavier init is already over sqrt(fan-in)); it decays as the matrix it is, as before roles existed.
+        declare_role(self, "phi", "mhc_projection", kind=Kind.READOUT, group="residual", init="fan_in")
         declare_weight_decay(self, "phi", True)
         declare_roles(self, {name: "mhc_gate" for name in ("alpha_pre", "alpha_post", "alpha_res")}, kind=Kind.SCALAR,
                       group="residual")

@@ -44,9 +44,10 @@ class HeadGate(nn.Module):
         self.num_heads, self.head_dim, self.init = num_heads, head_dim, init
         self.weight = nn.Parameter(torch.empty(num_heads, head_dim))
         self.bias = nn.Parameter(torch.empty(num_heads))
-        # One small map per head from its own output to one gate: width-sized only through head_dim, so vector-like;
-        # it decays as the matrix it is stored as.
-        declare_role(self, "weight", "attention_gate", kind=Kind.VECTOR)
+        # One small map per head from its slice of the input to one gate logit: a readout whose fan-in is head_dim
+        # (it grows when heads widen, not when heads are added: the base shape tells); nn.Linear's init is already
+        # over sqrt(fan-in). It decays as the matrix it is stored as.
+        declare_role(self, "weight", "attention_gate", kind=Kind.READOUT, init="fan_in")
         declare_weight_decay(self, "weight", True)
         declare_role(self, "bias", Role.BIAS)
         bound = 1 / math.sqrt(head_dim)  # nn.Linear(head_dim, 1)'s init: weight and bias both U(-bound, bound)

@@ -9,6 +9,7 @@ component never edits this file.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,12 +25,14 @@ from arch_plugins.constraints import declare_unit_norm
 from arch_plugins.declarations import (
     ROLE_KINDS,
     MuonRule,
+    ParameterRole,
     declare_adam_rule,
     declare_muon_rule,
     declare_optimizer_scale,
     parameter_roles,
+    width_ratios,
 )
-from arch_plugins.interfaces import Concat, ResidualHistory, Role, Site, StackInfo
+from arch_plugins.interfaces import Concat, Kind, ResidualHistory, Role, Site, StackInfo
 from arch_plugins.stabilisers import with_stabilisers
 from lit.errors import ArchitectureError
 from lit.models.rope import RotaryEmbedding
@@ -314,7 +317,7 @@ class TransformerStack(nn.Module):
                                     f"{', '.join(str(h) for h in divisors(cfg.d_model) if h <= 64)} or change d_model")
         if cfg.n_layers < 1 or cfg.d_model < 1:
             raise ArchitectureError(f"n_layers={cfg.n_layers} and d_model={cfg.d_model} must be positive")
-        self.cfg = cfg
+        self.cfg, self.max_len = cfg, max_len
         self.info = StackInfo(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.resolved_mlp_hidden(), causal)
         self.plugins = Plugins(cfg)
         norm = self.plugins.norm
@@ -362,6 +365,7 @@ class TransformerStack(nn.Module):
         roles = parameter_roles(model, strict=parametrization.needs_roles)
         try:
             parametrization.check_roles({p.role for p in roles}, self.info)
+            roles = self._with_width_ratios(roles)
         except ValueError as exc:
             raise ArchitectureError(f"parametrization {self.cfg.parametrization!r}: {exc}") from exc
         for parameter in roles:
@@ -376,6 +380,49 @@ class TransformerStack(nn.Module):
                     declare_muon_rule(modules[owner], attr, MuonRule(self.cfg.parametrization, muon, scale))
             if scale is not None and not scale.is_default:
                 declare_optimizer_scale(modules[owner], attr, scale)
+
+    def base_config(self, d_model: int, n_heads: int) -> TransformerConfig:
+        """This stack's config at width ``d_model`` with ``n_heads`` heads: its MLP by its own rule there (SwiGLU's
+        rounding included), or an explicit ``mlp_hidden`` in proportion (refused where that is no whole number)."""
+        cfg, hidden = self.cfg, None
+        if cfg.mlp_hidden is not None:
+            hidden, remainder = divmod(cfg.mlp_hidden * d_model, cfg.d_model)
+            if remainder or not hidden:
+                raise ValueError(f"mlp_hidden={cfg.mlp_hidden} at d_model={cfg.d_model} has no base twin at width "
+                                 f"{d_model} ({cfg.mlp_hidden}*{d_model}/{cfg.d_model} is no whole number); leave "
+                                 f"mlp_hidden unset (the {cfg.mlp} rule) or make it proportional to d_model")
+        return dataclasses.replace(cfg, d_model=d_model, n_heads=n_heads, mlp_hidden=hidden, parametrization="sp",
+                                   parametrization_options={})
+
+    def _with_width_ratios(self, roles: list[ParameterRole]) -> list[ParameterRole]:
+        """Each parameter with its fan-in and fan-out ratios against its twin in this stack built at the
+        parametrization's base shape (on the meta device: shapes only, no memory, no random numbers drawn).
+        Parameters the task model owns (embedding, head) have no twin in the stack: a matrix reading the width
+        (the head) has the fan-in ratio m_d = d_model / base width, one writing it (embedding) the fan-out ratio."""
+        shape = self.plugins.parametrization.base_shape(self.info)
+        if shape is None:
+            return roles
+        base_width, base_heads = shape
+        try:
+            with torch.device("meta"):
+                base = TransformerStack(self.base_config(base_width, base_heads), causal=self.info.causal,
+                                        max_len=self.max_len)
+        except (ValueError, registry.PluginError) as exc:
+            raise ValueError(f"this model at its base shape (d_model={base_width}, n_heads={base_heads}), which gives "
+                             f"each matrix its width ratio, cannot be built: {exc}; choose a base width this "
+                             f"architecture accepts") from exc
+        ratios = width_ratios(self, base, roles)
+        m_d = self.cfg.d_model / base_width
+        out = []
+        for p in roles:
+            if id(p.param) in ratios:
+                r_in, r_out = ratios[id(p.param)]
+            elif p.kind in (Kind.HEAD, Kind.READOUT, Kind.HIDDEN):
+                r_in, r_out = m_d, (m_d if p.kind == Kind.HIDDEN else 1.0)
+            else:
+                r_in, r_out = 1.0, (1.0 if p.kind == Kind.SCALAR else m_d)
+            out.append(dataclasses.replace(p, fan_in_ratio=r_in, fan_out_ratio=r_out))
+        return out
 
     def site(self, site: str, dim: int) -> nn.Module:
         """A model-level site for the task head (e.g. LOGITS), from this stack's norm strategy."""

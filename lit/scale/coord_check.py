@@ -7,6 +7,13 @@ change is positive). This is microsoft/mup's ``get_coord_data`` check, measured 
 sublayers: per role (embedding, attention logits, attention out, MLP out, residual stream, final, logits), the
 RMS of the output on a fixed probe batch (``act``; for attention logits, q.k times the scale) and the RMS of its
 change since init (``delta``), averaged over layers, then over seeds (geometric mean).
+
+Besides these fixed sites, every parameter whose declared kind has a width rule on its fan-in (``hidden``,
+``readout``: the block's matrices and every plugin's, hyper-connections' dynamic alpha/beta, mHC's phi, AttnRes's
+queries, the attention gate, LAUREL's low-rank maps, Pattention's tokens) has its pre-activation recorded, one
+site per role (``pre:<role>``), with no code that names a plugin: the first contraction (matmul, linear, einsum)
+that the parameter, or a tensor computed from it elementwise (a gain times it, a slice, a cast), enters during
+the forward pass. The model is the recipe's own at each width: SwiGLU's hidden width keeps its rounding.
 """
 
 from __future__ import annotations
@@ -19,8 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
+from arch_plugins.declarations import parameter_roles
+from arch_plugins.interfaces import Kind
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
 from lit.optim import select_optimizer
@@ -28,6 +40,52 @@ from lit.optim import select_optimizer
 # The sublayers recorded, by what they are (one line each in the figure).
 SITES = ("embedding", "attn_logits", "attn_out", "mlp_out", "stream", "final", "logits")
 QUANTITIES = ("act", "delta")
+# The kinds whose pre-activations are recorded (``pre:<role>``): those with a width rule on their fan-in.
+PRE_ACTIVATION_KINDS = (Kind.HIDDEN, Kind.READOUT)
+# Where a parameter's pre-activation is made: the first of these ops it (or a tensor made from it) enters.
+CONTRACTIONS = frozenset({torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+                          torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.mv, torch.Tensor.mv,
+                          torch.einsum, F.linear, torch.addmm, torch.baddbmm, F.bilinear})
+
+
+class PreActivations(TorchFunctionMode):
+    """Records, per role, the output of the first contraction each declared parameter enters (its pre-activation).
+
+    A parameter's mark follows it through every other op (slices, casts, products with a gain, concatenations),
+    so ``h @ (gain * W[:, :1])`` is found as W's pre-activation; a concatenation of two parameters' columns is
+    recorded for both. Marked tensors are held until the pass ends, so no id is reused while it runs."""
+
+    def __init__(self, roles: dict[int, str]):
+        super().__init__()
+        self.marks: dict[int, tuple[torch.Tensor, frozenset[str]]] = {}
+        self.roles = roles
+        self.found: dict[str, list[torch.Tensor]] = defaultdict(list)
+
+    def _mark(self, tensor: torch.Tensor) -> frozenset[str]:
+        if id(tensor) in self.roles:
+            return frozenset({self.roles[id(tensor)]})
+        held = self.marks.get(id(tensor))
+        return held[1] if held is not None and held[0] is tensor else frozenset()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        marks = frozenset().union(*(self._mark(t) for t in tree_flatten((args, kwargs))[0]
+                                    if isinstance(t, torch.Tensor)))
+        if not marks:
+            return out
+        if func in CONTRACTIONS and isinstance(out, torch.Tensor):
+            for role in sorted(marks):
+                self.found[f"pre:{role}"].append(out.detach().clone())
+            return out
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.marks[id(t)] = (t, marks)
+        return out
+
+
+def _pre_activation_roles(model: nn.Module) -> dict[int, str]:
+    return {id(p.param): p.role for p in parameter_roles(model, strict=False) if p.kind in PRE_ACTIVATION_KINDS}
 
 
 @dataclass(frozen=True)
@@ -72,9 +130,11 @@ def _outputs(model: GPT, probe: torch.Tensor) -> dict[str, list[torch.Tensor]]:
         for module in modules:
             handles.append(module.register_forward_hook(
                 lambda _m, _i, out, site=site: found[site].append(out.detach().clone())))
+    recorder = PreActivations(_pre_activation_roles(model))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), recorder:
             model(probe)
+        found.update(recorder.found)
     finally:
         for handle in handles:
             handle.remove()
@@ -93,9 +153,11 @@ def _batches(tokens: torch.Tensor, setup: CoordCheckSetup, seed: int, n: int) ->
 
 def run_one(setup: CoordCheckSetup, width: int, depth: int, seed: int) -> dict[tuple[str, str], float]:
     """Train one shape for ``setup.steps`` optimizer steps; ``{(quantity, site): value}`` after the last step."""
-    # The MLP's hidden width scales with d_model exactly (SwiGLU's rounding to a multiple of 64 would not at
-    # these widths, and a fan-in that does not grow as d_model breaks the width multiplier of its matrix).
-    hidden = round(setup.arch.resolved_mlp_hidden() * width / setup.arch.d_model)
+    # The recipe's own model at this width: its MLP rule (SwiGLU's rounding to a multiple of 64 included: each
+    # matrix has its own fan-in ratio); an explicit mlp_hidden is kept in proportion to d_model.
+    hidden = setup.arch.mlp_hidden
+    if hidden is not None:
+        hidden = round(hidden * width / setup.arch.d_model)
     arch = dataclasses.replace(setup.arch, d_model=width, n_layers=depth, mlp_hidden=hidden)
     torch.manual_seed(seed)
     model = GPT(setup.vocab_size, setup.block_size, arch)
@@ -113,7 +175,7 @@ def run_one(setup: CoordCheckSetup, width: int, depth: int, seed: int) -> dict[t
         optimizer.step()
     after = _outputs(model, probe)
     result = {}
-    for site in SITES:
+    for site in sorted(after, key=lambda s: (s.startswith("pre:"), SITES.index(s) if s in SITES else 0, s)):
         result["act", site] = float(np.mean([_rms(a) for a in after[site]]))
         result["delta", site] = float(np.mean([_rms(a - b) for a, b in zip(after[site], before[site], strict=True)]))
     return result

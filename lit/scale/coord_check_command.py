@@ -154,13 +154,14 @@ def draw(check, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lit.scale.coord_check import QUANTITIES, SITES
+    from lit.scale.coord_check import QUANTITIES
 
     slopes = check.slopes()
+    sites = list(dict.fromkeys(site for _, site in check.values))  # the fixed sites, then every pre:<role>
     fig, axes = plt.subplots(1, len(QUANTITIES), figsize=(11, 4), squeeze=False)
     names = {"act": "output RMS after the steps", "delta": "RMS of the change since init"}
     for ax, quantity in zip(axes[0], QUANTITIES, strict=True):
-        for site in SITES:
+        for site in sites:
             ax.plot(check.shapes, check.values[quantity, site], marker="o",
                     label=f"{site} ({slopes[quantity, site]:+.2f})")
         ax.set_xscale("log", base=2)
