@@ -124,6 +124,27 @@ def test_mup_rules_by_role():
     assert model.readout_multiplier == pytest.approx(1 / m_d)
 
 
+def test_mup_weight_decay_rules_are_two_named_rules():
+    """nanogpt_mup (the default) keeps lambda, so lr * lambda shrinks with r_in; mu_adamw (microsoft/mup's MuAdamW,
+    decoupled_wd=False) multiplies lambda by r_in wherever the lr is / r_in, so lr * lambda is width-invariant."""
+    decay_per_step = {}
+    for rule in ("nanogpt_mup", "mu_adamw"):
+        for d in (32, 128):
+            model = gpt("mup", d=d, base_width=32, weight_decay_rule=rule)
+            optimizer = adamw(model, LR, WD, (0.9, 0.95))
+            for p in parameter_roles(model):
+                group = group_of(optimizer, p.param)
+                decay_per_step[rule, d, p.name] = group["lr"] * group["weight_decay"]
+    names = [name for rule, d, name in decay_per_step if rule == "mu_adamw" and d == 128]
+    up = next(name for name in names if name.endswith("mlp.up.weight"))
+    assert decay_per_step["mu_adamw", 128, up] == pytest.approx(decay_per_step["mu_adamw", 32, up])
+    assert all(decay_per_step["mu_adamw", 128, n] == pytest.approx(decay_per_step["mu_adamw", 32, n]) for n in names)
+    assert decay_per_step["nanogpt_mup", 128, up] == pytest.approx(decay_per_step["nanogpt_mup", 32, up] / 4)
+    with pytest.raises(registry.PluginError, match="weight_decay_rule must be one of nanogpt_mup, mu_adamw") as info:
+        gpt("mup", d=64, base_width=32, weight_decay_rule="decoupled")
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("name", ["mup", "mup_wd", "completep"])
 def test_mlp_out_lr_and_init_follow_its_own_fan_in_ratio(name):
     """SwiGLU's hidden width is rounded up to a multiple of 64: 128 at d = 32, 704 at d = 256. At 8x width mlp_out's

@@ -32,6 +32,15 @@ from arch_plugins.interfaces import Kind, NormStrategy, Parametrization, Project
 from arch_plugins.parametrizations.base_shape import base_shape_head_dim, known_rules, positive, width_multiplier
 
 MUP_RULES = ("hidden_init", "hidden_lr", "output_multiplier", "attention_scale", "readout")
+# The two published muP conventions for AdamW's weight decay: they differ, so each has its name.
+WEIGHT_DECAY_RULES = {
+    # lambda as the recipe says: torch's AdamW then decays a hidden matrix by lr * lambda / r_in per step
+    # (EleutherAI/nanoGPT-mup's master branch).
+    "nanogpt_mup": "lambda unchanged (the decay per step, lr * lambda, shrinks as 1/r_in)",
+    # lambda * r_in wherever the lr is divided by r_in, so lr * lambda is the same at every width
+    # (microsoft/mup's MuAdamW with its default decoupled_wd=False multiplies lambda by the width multiplier).
+    "mu_adamw": "lambda * r_in where the lr is / r_in (the decay per step, lr * lambda, is width-invariant)",
+}
 
 
 class MuP(Parametrization):
@@ -57,12 +66,17 @@ class MuP(Parametrization):
         without: rules to leave out (an ablation, as nanoGPT-mup's ``sp_with_mup_*`` scripts):
             ``hidden_init``, ``hidden_lr``, ``output_multiplier``, ``attention_scale``, ``readout`` (the
             readouts' init and lr: what they got when they were declared vectors).
+        weight_decay_rule: ``nanogpt_mup`` (default: lambda unchanged) or ``mu_adamw`` (lambda * r_in where the lr
+            is / r_in); see below.
 
     The init rules are applied in ``reinitialize``, once the whole model is built and each parameter's fan-in
     ratio is known (a matrix built from the stack's width-independent ``init_std`` is scaled by the whole rule).
 
-    Weight decay is left as the recipe says (PyTorch's AdamW then decays hidden matrices by lr*lambda/m_d:
-    nanoGPT-mup's master branch does the same); ``mup_wd`` and ``completep`` scale it.
+    Weight decay follows one of two named rules (``weight_decay_rule``), because the two references differ:
+    ``nanogpt_mup`` (the default) leaves lambda as the recipe says, so PyTorch's AdamW decays a hidden matrix by
+    lr*lambda/r_in per step, as nanoGPT-mup's master branch does; ``mu_adamw`` multiplies lambda by r_in wherever
+    the lr is divided by r_in, keeping lr*lambda width-invariant, as microsoft/mup's ``MuAdamW`` does by default
+    (``decoupled_wd=False``). ``mup_wd`` and ``completep`` have weight-decay rules of their own.
 
     Composition: rules follow each parameter's kind and its own fan-in ratio, so a plugin's own parameters get
     the rule of the kind it declares (a gain-like ``Kind.VECTOR`` keeps the base lr; a readout-like
@@ -85,8 +99,14 @@ class MuP(Parametrization):
 
     def __init__(self, base_width: int | None = None, base_head_dim: int | None = None,
                  output_multiplier: float = 1.0, readout_zero_init: bool = False, query_zero_init: bool = False,
-                 without: list[str] | None = None, base_heads: int | None = None):
+                 without: list[str] | None = None, base_heads: int | None = None,
+                 weight_decay_rule: str = "nanogpt_mup"):
         positive("base_width", base_width)
+        if weight_decay_rule not in WEIGHT_DECAY_RULES:
+            raise ValueError(f"weight_decay_rule must be one of {', '.join(WEIGHT_DECAY_RULES)} (nanogpt_mup: "
+                             f"{WEIGHT_DECAY_RULES['nanogpt_mup']}; mu_adamw: {WEIGHT_DECAY_RULES['mu_adamw']}), "
+                             f"got {weight_decay_rule!r}")
+        self.weight_decay_rule = weight_decay_rule
         self.readout_zero_init, self.query_zero_init = bool(readout_zero_init), bool(query_zero_init)
         positive("base_head_dim", base_head_dim)
         positive("base_heads", base_heads)
@@ -165,9 +185,10 @@ class MuP(Parametrization):
             parameter.param.mul_(scale)
 
     def optimizer_scale(self, parameter, stack: StackInfo, *, in_blocks: bool) -> OptimizerScale | None:
-        if self.width_lr_rule(parameter):
-            return OptimizerScale(lr=self.width_lr(parameter))
-        return None
+        if not self.width_lr_rule(parameter):
+            return None
+        lr = self.width_lr(parameter)
+        return OptimizerScale(lr=lr, weight_decay=1.0 / lr if self.weight_decay_rule == "mu_adamw" else 1.0)
 
     def muon_scale(self, parameter, stack: StackInfo, *, in_blocks: bool) -> OptimizerScale | None:
         # The spectral rule is stated for muP's width rules only: a subclass that adds rules (mup_wd's weight decay,
