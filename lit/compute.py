@@ -19,13 +19,24 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import ViT
 
 TRAINING_PASSES = 3  # forward + backward (twice the forward's matrix products)
+
+
+def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """The CPU kernel of ``scaled_dot_product_attention``: the same count as the flash kernel's (QK^T and AV)."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# On CPU, attention dispatches to a kernel of its own that some torch releases (2.14 among them) leave out of the
+# counter's registry, so the attention FLOPs went uncounted there; it is added where the registry lacks it.
+_CPU_SDPA = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+CUSTOM_FLOPS = {} if _CPU_SDPA is None or _CPU_SDPA in flop_registry else {_CPU_SDPA: _cpu_sdpa_flops}
 
 
 def _forward_flops(model: nn.Module, example: torch.Tensor) -> int:
@@ -38,7 +49,7 @@ def _forward_flops(model: nn.Module, example: torch.Tensor) -> int:
     cpu_rng = torch.get_rng_state()
     model.eval()
     try:
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter:
             model(example)
     finally:
         model.train(was_training)
