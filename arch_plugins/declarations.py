@@ -485,14 +485,14 @@ def adam_rules(model: nn.Module) -> dict[int, str]:
 class MuonRule:
     """A parametrization's rule for a matrix that Muon steps instead of Adam (muP's spectral rule).
 
-    Muon multiplies its learning rate and weight decay by ``scale`` (in place of ``adam``, the Adam-derived scale
+    Muon multiplies its learning rate and weight decay by ``muon`` (in place of ``adam``, the Adam-derived scale
     the same parametrization declared for the parameter, which Muon then does not apply) and scales each
     (logical) matrix's orthogonalised step by ``adjust_lr``'s factor of its shape (``spectral``:
     sqrt(fan_out / fan_in)).
     """
 
     source: str
-    scale: OptimizerScale
+    muon: OptimizerScale
     adam: OptimizerScale
     adjust_lr: str = "spectral"
 

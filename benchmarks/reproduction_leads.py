@@ -126,8 +126,8 @@ def by_variant(runs: list) -> dict[str, list]:
 
 
 HEADER = ("| method | fixed design (2026-11-24): pairs, mean [Holm-level interval], Holm p, verdict | tuned lr | "
-          "sequential: verdict | pairs | mean [interval] | raw p | corr. | core-hours spent (tuning + seeds) | "
-          f"core-hours of the fixed {FIXED_SEEDS}-seed design | of a fixed {LOOKS[-1]}-seed design |")
+          "sequential: verdict | pairs | mean [interval (level)] | raw p | corr. | MDE | core-hours spent (tuning + "
+          f"seeds) | core-hours of the fixed {FIXED_SEEDS}-seed design | of a fixed {LOOKS[-1]}-seed design |")
 
 
 def hours(x: float | None) -> str:
@@ -148,7 +148,7 @@ def leads_table(analysis: Analysis, runs: list) -> str:
         if variant == analysis.baseline:
             seeds = sum(r.data.tags.get(protocol.PHASE) == protocol.SEED_PHASE for r in mine)
             head = [f"baseline ({variant}): its seeds run while any comparison is open", "",
-                    tuned_cell(analysis, variant), "", str(seeds), "", "", ""]
+                    tuned_cell(analysis, variant), "", str(seeds), "", "", "", ""]
         else:
             e = EARLIER[variant]
             head = [methods[variant], f"{e.pairs}, {e.mean}, {_p(e.holm_p)}, {e.verdict}",
@@ -161,13 +161,15 @@ def leads_table(analysis: Analysis, runs: list) -> str:
 
 
 def sequential_cells(analysis: Analysis, variant: str) -> list[str]:
-    """verdict, pairs, mean [interval], raw p, correlation with the baseline per seed."""
+    """verdict, pairs, mean [interval (its level)], raw p, correlation with the baseline per seed, MDE."""
     c = next((c for c in analysis.comparisons if c.label == variant), None)
     if c is None or c.paired.summary is None:
-        return ["not run yet", "0", "", "", ""]
-    interval = f" [{_number(c.interval[0], 3)}, {_number(c.interval[1], 3)}]" if c.interval else ""
+        return ["not run yet", "0", "", "", "", ""]
+    level = f" ({1 - c.level:.2%})" if c.level is not None else ""
+    interval = f" [{_number(c.interval[0], 3)}, {_number(c.interval[1], 3)}]{level}" if c.interval else ""
     return [c.verdict, str(len(c.paired.seeds)), f"{_number(c.paired.summary.mean, 3)}{interval}",
-            _p(c.paired.p_value), "n/a" if c.correlation is None else f"{c.correlation:+.2f}"]
+            _p(c.paired.p_value), "n/a" if c.correlation is None else f"{c.correlation:+.2f}",
+            "n/a" if c.mde is None else f"{c.mde:.3f}"]
 
 
 TITLE = f"""# The text leads, re-decided sequentially
@@ -180,8 +182,12 @@ O'Brien-Fleming-type spending and group-sequential Holm over the seven at α = 0
 sweeps](../sequential.md). The sweep's own report (curves, per-seed values, each look's boundary):
 [leads/report.md](leads/report.md).
 
-Read each row with its caveats: the interval is at the level of the look that decided (or the last look's), in
-nats of `test/loss`; "not distinguishable" says nothing about effects below the row's power (the report's MDE);
+Read each row with its caveats: the verdict is the look's (a boundary crossed, futility, or the last look); the
+interval beside it is compare's fixed-sample interval at Holm's level (printed) over the seeds the comparison ran,
+in nats of `test/loss`, for reading, not deciding (after a stop at a look it leans away from 0); "not
+distinguishable" says nothing about effects below the row's MDE (80% power at α/7, from the 80% upper limit of its
+paired sd); the core-hours are the runs' wall time on one core each, measured while other work shared the machine
+(so they overstate core time, alike for every design costed here);
 TokenFormer's parity claim is read as a difference (no sequential equivalence test); the fixed design's row is
 quoted from its table (its runs drew init in construction order and are gone with their machine), so its costs
 are this sweep's measured run times applied to its seed count. Written by

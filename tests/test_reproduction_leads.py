@@ -48,7 +48,7 @@ def test_leads_table_has_a_row_per_lead_the_baseline_and_the_totals():
     variant = "config=gpt_perinorm"
     paired = stats.paired_difference({"1": 0.9, "2": 0.95, "3": 0.92}, {"1": 1.0, "2": 1.0, "3": 1.0}, 0.95)
     decided = Comparison(variant, paired, 0.01, "better (decided at look 1 of 4)", outcomes={}, test=T_TEST,
-                         interval=(-0.1, -0.05), correlation=0.8)
+                         interval=(-0.1, -0.05), level=0.0125, correlation=0.8, mde=0.021)
     analysis = SimpleNamespace(baseline="recipe", comparisons=[decided],
                                variants=[SimpleNamespace(label=variant, tuned="2e-2"),
                                          SimpleNamespace(label="recipe", tuned="6e-3")])
@@ -61,8 +61,9 @@ def test_leads_table_has_a_row_per_lead_the_baseline_and_the_totals():
     cells = [c.strip() for c in peri.strip("|").split("|")]
     assert cells[2] == "2e-2 (grid edge: a bound)"  # the grid's top: the comparison is at a bound
     assert cells[3] == "better (decided at look 1 of 4)" and cells[4] == "3" and cells[7] == "+0.80"
-    assert cells[8] == f"{(36 + 3 * 72) / 3600:.3f}"  # what it spent
-    assert cells[9] == f"{(36 + 6 * 72) / 3600:.3f}"  # the fixed 6-seed design at the same run times
+    assert cells[5].endswith("[-0.100, -0.050] (98.75%)") and cells[8] == "0.021"  # the level; the MDE
+    assert cells[9] == f"{(36 + 3 * 72) / 3600:.3f}"  # what it spent
+    assert cells[10] == f"{(36 + 6 * 72) / 3600:.3f}"  # the fixed 6-seed design at the same run times
     baseline = rows[-1].strip("|").split("|")
     assert baseline[2].strip() == "6e-3" and baseline[4].strip() == "3"
     assert "not run yet" in next(r for r in rows if r.startswith("| Mix-LN"))

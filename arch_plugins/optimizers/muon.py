@@ -230,8 +230,8 @@ class MuonOptimizer(OptimizerType):
                     raise PluginError(f"adjust_lr {self.adjust_lr!r} contradicts {rule.source}'s rule for Muon (the "
                                       f"{rule.adjust_lr} adjustment on every hidden matrix); drop adjust_lr or set it "
                                       f"to {rule.adjust_lr}")
-                lr_mult = multiplier(self.lr_multipliers, p) * rule.scale.lr
-                wd_mult = multiplier(self.wd_multipliers, p) * rule.scale.weight_decay if decay[id(p.param)] else 0.0
+                lr_mult = multiplier(self.lr_multipliers, p) * rule.muon.lr
+                wd_mult = multiplier(self.wd_multipliers, p) * rule.muon.weight_decay if decay[id(p.param)] else 0.0
                 adjust_lr = rule.adjust_lr
             elif id(p.param) in derived or not declared.is_default:
                 # A parametrization's multipliers are derived for Adam; applying them to Muon's orthogonalised step
