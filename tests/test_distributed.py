@@ -83,17 +83,24 @@ def check_small_weights(gathered: list[torch.Tensor]) -> None:
         torch.testing.assert_close(got, w / w.norm(dim=dim, keepdim=True))
 
 
-@pytest.mark.slow  # ~20-40 s on 2 shared cores; Muon has no distributed code of its own to break under DDP
-def test_muon_on_two_ddp_processes_ends_with_the_single_process_weights(tmp_path):
-    # Every process orthogonalises the same all-reduced momentum: 2 processes take the single process's steps.
+def muon_on_one_and_two_processes(strategy: str, tmp_path) -> tuple[dict, dict]:
+    """The worker's Muon run on one process and on two under ``strategy``, checked to have trained (the weights
+    moved) for the same steps."""
     worker.main(["--strategy", "single", "--out", str(tmp_path / "single.pt"), "--optimizer", "muon"])
     single = torch.load(tmp_path / "single.pt", weights_only=False)
-    result = run_two_processes("ddp", tmp_path, "--optimizer", "muon")
+    result = run_two_processes(strategy, tmp_path, "--optimizer", "muon")
     assert result["world_size"] == 2 and result["global_step"] == single["global_step"] == worker.STEPS
     initial = worker.build_model("muon").model
     renormalize_(initial)
     moved = max((single["state"][n] - p.detach()).abs().max().item() for n, p in initial.named_parameters())
     assert moved > 0.05
+    return single, result
+
+
+@pytest.mark.slow  # ~20-40 s on 2 shared cores; Muon has no distributed code of its own to break under DDP
+def test_muon_on_two_ddp_processes_ends_with_the_single_process_weights(tmp_path):
+    # Every process orthogonalises the same all-reduced momentum: 2 processes take the single process's steps.
+    single, result = muon_on_one_and_two_processes("ddp", tmp_path)
     for name, expected in single["state"].items():
         torch.testing.assert_close(result["state"][name], expected, atol=1e-6, rtol=0, msg=name)
 
@@ -105,15 +112,8 @@ def test_muon_on_two_fsdp2_processes_ends_with_the_single_process_weights(tmp_pa
     # gradient's last bits (AdamW's parameters here: <= 4e-6) and bf16 Newton-Schulz turns that into bf16 rounding
     # flips in the update (lr 0.125 x ~0.2 x 2^-8). Orthogonalising each process's shard instead is off by ~4e-2
     # (tests/muon_sharded_worker.py, where the gradients are equal and the match is exact).
-    worker.main(["--strategy", "single", "--out", str(tmp_path / "single.pt"), "--optimizer", "muon"])
-    single = torch.load(tmp_path / "single.pt", weights_only=False)
-    result = run_two_processes("fsdp2", tmp_path, "--optimizer", "muon")
-    assert result["world_size"] == 2 and result["global_step"] == single["global_step"] == worker.STEPS
+    single, result = muon_on_one_and_two_processes("fsdp2", tmp_path)
     assert set(result["placements"].values()) == {"(Shard(dim=0),)"}
-    initial = worker.build_model("muon").model
-    renormalize_(initial)
-    moved = max((single["state"][n] - p.detach()).abs().max().item() for n, p in initial.named_parameters())
-    assert moved > 0.05
     for name, expected in single["state"].items():
         torch.testing.assert_close(result["state"][name], expected, atol=2e-3, rtol=0, msg=name)
 
