@@ -347,17 +347,24 @@ def run_sweep(suite: Suite, parallel: int, run: Callable[[list[str]], object]) -
         run(["sweep", *more])
 
 
+def report_analysis(client, parent, experiment: str) -> Analysis:
+    """compare's analysis of the sweep under ``parent`` on its report metric, as ``cli.py compare`` reads it: the
+    protocol's family (its Holm, or a sequential sweep's looks) and parity claims."""
+    sweep = load_sweep(client, parent)
+    args = build_parser().parse_args([f"--experiment={experiment}"])
+    return analyze(sweep, sweep.metric, None, 0.95, None, parity_claims(args, sweep.protocol),
+                   family_tests(client, parent, sweep, args))
+
+
 def analyse(suite: Suite, metric: str | None) -> Analysis | None:
     """compare's analysis of a suite, the report metric (its protocol's family and parity claims) or another
     metric (``metric``: no parity claims; Holm over this suite's comparisons on that metric)."""
     client = connect(STORE)
     try:
         parent = find_parent(client, experiment=suite.experiment)
-        sweep = load_sweep(client, parent, metric)
         if metric is None:
-            args = build_parser().parse_args([f"--experiment={suite.experiment}"])
-            return analyze(sweep, sweep.metric, None, 0.95, None, parity_claims(args, sweep.protocol),
-                           family_tests(client, parent, sweep, args))
+            return report_analysis(client, parent, suite.experiment)
+        sweep = load_sweep(client, parent, metric)
         return analyze(sweep, metric, None, 0.95, "min", (suite.margin, []), {})
     except UserInputError as exc:  # a suite not run (or not far enough) yet: its rows are pending
         print(f"{suite.name} ({metric or 'report metric'}): {' '.join(str(exc).split())}; its claims are pending")

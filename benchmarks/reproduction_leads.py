@@ -27,11 +27,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.reproduction import CLAIMS, OUT, REPO, STORE, SUITES, _number, _p, compute_of
+from benchmarks.reproduction import CLAIMS, OUT, REPO, STORE, SUITES, _number, _p, compute_of, report_analysis
 from lit.commands import main as cli
-from lit.compare.analysis import Analysis, analyze
-from lit.compare.command import build_parser, family_tests, parity_claims
-from lit.compare.runs import connect, find_parent, load_sweep
+from lit.compare.analysis import Analysis
+from lit.compare.runs import connect, find_parent
 from lit.sweep import protocol
 from lit.sweep.store import search_all_runs
 
@@ -81,30 +80,23 @@ def analyse() -> tuple[Analysis, list]:
     """compare's analysis of the sequential sweep (its verdicts are the looks'), and every child run."""
     client = connect(STORE)
     parent = find_parent(client, experiment=EXPERIMENT)
-    sweep = load_sweep(client, parent)
-    args = build_parser().parse_args([f"--experiment={EXPERIMENT}"])
-    analysis = analyze(sweep, sweep.metric, None, 0.95, None, parity_claims(args, sweep.protocol),
-                       family_tests(client, parent, sweep, args))
     runs = search_all_runs(client, parent.info.experiment_id,
                            f"tags.`{protocol.PARENT_RUN}` = '{parent.info.run_id}'")
-    return analysis, runs
+    return report_analysis(client, parent, EXPERIMENT), runs
 
 
-def mean_seconds(runs: list, phase: str) -> float | None:
-    """The mean wall time of a variant's ended runs of one phase (one core each)."""
-    times = [(r.info.end_time - r.info.start_time) / 1000 for r in runs
-             if r.data.tags.get(protocol.PHASE) == phase and r.info.end_time]
-    return sum(times) / len(times) if times else None
+def of_phase(runs: list, phase: str) -> list:
+    return [r for r in runs if r.data.tags.get(protocol.PHASE) == phase]
 
 
 def fixed_cost(runs: list, seeds: int) -> float | None:
     """What the fixed design would spend on this variant: its tuning runs and ``seeds`` seed runs, at the mean
-    times this sweep measured for them (core-hours)."""
-    tune, seed = mean_seconds(runs, protocol.TUNE_PHASE), mean_seconds(runs, protocol.SEED_PHASE)
-    if tune is None or seed is None:
+    time this sweep measured for a seed run (core-hours); None before a tuning and a seed run have ended."""
+    tuning = compute_of(of_phase(runs, protocol.TUNE_PHASE))
+    seeded = compute_of(of_phase(runs, protocol.SEED_PHASE))
+    if not tuning.tuning_runs or not seeded.seed_runs:
         return None
-    tunes = sum(r.data.tags.get(protocol.PHASE) == protocol.TUNE_PHASE for r in runs)
-    return (tunes * tune + seeds * seed) / 3600
+    return tuning.core_hours + seeds * seeded.core_hours / seeded.seed_runs
 
 
 def tuned_cell(analysis: Analysis, label: str) -> str:
@@ -146,7 +138,7 @@ def leads_table(analysis: Analysis, runs: list) -> str:
         costs = (compute_of(mine).core_hours, fixed_cost(mine, FIXED_SEEDS), fixed_cost(mine, LOOKS[-1]))
         totals = [t + (c or 0.0) for t, c in zip(totals, costs, strict=True)]
         if variant == analysis.baseline:
-            seeds = sum(r.data.tags.get(protocol.PHASE) == protocol.SEED_PHASE for r in mine)
+            seeds = len(of_phase(mine, protocol.SEED_PHASE))
             head = [f"baseline ({variant}): its seeds run while any comparison is open", "",
                     tuned_cell(analysis, variant), "", str(seeds), "", "", "", ""]
         else:
