@@ -247,9 +247,9 @@ class MuonOptimizer(OptimizerType):
                 raise PluginError(f"{p.name} (role {p.role}, shape {tuple(p.param.shape)}) is a hidden parameter "
                                   f"but not a matrix; Muon orthogonalises matrices: route its role to AdamW with "
                                   f"--model.optimizer_options.adamw_roles=[{p.role}]")
-            if unsupported_placements(p.param):
+            if unsupported := unsupported_placements(p.param):
                 raise PluginError(f"muon gathers each sharded matrix whole, and {p.name} is sharded as "
-                                  f"{', '.join(unsupported_placements(p.param))} (not plain row or column shards): "
+                                  f"{', '.join(unsupported)} (not plain row or column shards): "
                                   f"not implemented; shard with FSDP2 (lit.parallel.FSDP2Strategy) or use DDP")
             entries.append((p, {"lr": muon_lr * lr_mult, "lr_ratio": muon_lr * lr_mult / lr if lr else lr_mult,
                                 "weight_decay": muon_wd * wd_mult, "muon": True, "momentum": self.momentum,
