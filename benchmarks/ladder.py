@@ -14,7 +14,7 @@ matrix) and checks it at lr/2 and 2 lr on the first seed of every variant at eve
 all``). The variants change one component of the baseline and nothing else, so they share its learning rate.
 Run from the repository root::
 
-    python -m benchmarks.ladder                 # the base learning rate, the ladder (both resume), the report
+    python -m benchmarks.ladder                 # the base learning rate (once), the ladder (resumes), the report
     python -m benchmarks.ladder --report-only   # the report from the stored runs
     python -m benchmarks.ladder --variants perinorm postnorm --seeds 3   # a reduced ladder
     mlflow ui --backend-store-uri sqlite:///benchmarks/out/ladder.db
@@ -89,6 +89,16 @@ def tuned_lr() -> float:
     return float(values.iloc[0])
 
 
+def tuned_already() -> bool:
+    """Whether the store holds the base-width tuning sweep. It is run once: setting the recipe's learning rate to
+    its pick changes the recipe, which a sweep refuses to resume (its identity covers the recipe's content)."""
+    try:
+        find_parent(connect(STORE), experiment=BASE_EXPERIMENT)
+    except UserInputError:
+        return False
+    return True
+
+
 def check_recipe_lr() -> None:
     """The recipe is the experiment's record: its learning rate must be the one tuned at the base shape."""
     tuned, recipe = tuned_lr(), recipe_lr()
@@ -115,16 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs("benchmarks/out", exist_ok=True)
     started = time.time()
     if not args.report_only:
-        for command in (base_lr_command(args.parallel), sweep_command(args.variants, args.seeds, args.parallel)):
-            code = run(command)
-            if code != 0:
-                return code
-            if command[command.index("--experiment") + 1] == BASE_EXPERIMENT:
-                try:
-                    check_recipe_lr()
-                except UserInputError as error:
-                    print(f"error: {error}", flush=True)
-                    return 2
+        if tuned_already():
+            print(f"base learning rate: tuned already ({BASE_EXPERIMENT} in {STORE})", flush=True)
+        elif (code := run(base_lr_command(args.parallel))) != 0:
+            return code
+        try:
+            check_recipe_lr()
+        except UserInputError as error:
+            print(f"error: {error}", flush=True)
+            return 2
+        code = run(sweep_command(args.variants, args.seeds, args.parallel))
+        if code != 0:
+            return code
         print(f"ladder sweeps: {time.time() - started:.0f} s wall", flush=True)
     for command in report_commands():
         code = run(command)
