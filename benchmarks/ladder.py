@@ -8,8 +8,8 @@ non-embedding parameter of the baseline (every variant trains on the same tokens
 step, warm-up over the first 10% of each rung's steps, 3 paired seeds, the final ``test/loss``.
 
 The learning rate transfers: the baseline (``recipes/gpt_ladder_mup.yaml``) is muP at its base shape, the first
-rung, and its learning rate is tuned there first, at the first rung's budget (a sweep over a factor-2 grid on a
-tuning seed, never counted). The ladder then keeps it at every rung (``--ladder_lr transfer``: muP scales it per
+rung, and its learning rate is tuned there first, at the first rung's budget (a sweep over a grid of sqrt(2)
+steps, 3 seeds of its own, the lowest mean final validation loss picked). The ladder then keeps it at every rung (``--ladder_lr transfer``: muP scales it per
 matrix) and checks it at lr/2 and 2 lr on the first seed of every variant at every rung (``--ladder_lr_check
 all``). The variants change one component of the baseline and nothing else, so they share its learning rate.
 Run from the repository root::
@@ -17,10 +17,10 @@ Run from the repository root::
     python -m benchmarks.ladder                 # the base learning rate (once), the ladder (resumes), the report
     python -m benchmarks.ladder --report-only   # the report from the stored runs
     python -m benchmarks.ladder --variants perinorm postnorm --seeds 3   # a reduced ladder
-    mlflow ui --backend-store-uri sqlite:///benchmarks/out/ladder.db
+    mlflow ui --backend-store-uri sqlite:///benchmarks/out/ladder-mup.db
 
-Writes docs/scale/ladder/ (``compare --scaling``'s report.md and figures) and docs/scale/ladder/base_lr/
-(``compare``'s report of the tuning sweep). The commands are printed first, so the preset also documents them.
+Writes docs/scale/ladder/ (``compare --scaling``'s report.md and figures, and base_lr.md: the tuning sweep's
+losses). The commands are printed first, so the preset also documents them.
 """
 
 from __future__ import annotations
@@ -28,21 +28,29 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import statistics
 import time
 
 import yaml
 
 from lit.commands import main as cli
-from lit.compare.runs import connect, find_parent, load_sweep
+from lit.compare.runs import connect, find_parent
 from lit.errors import UserInputError
+from lit.sweep import protocol
+from lit.sweep.store import search_all_runs
 
-STORE = "sqlite:///benchmarks/out/ladder.db"
+STORE = "sqlite:///benchmarks/out/ladder-mup.db"
 EXPERIMENT = "scaling-ladder-mup"
 BASE_EXPERIMENT = "scaling-ladder-mup-base-lr"
 OUT = "docs/scale/ladder"
 RECIPE = "recipes/gpt_ladder_mup.yaml"
-# Factor-2 steps, the ladder's own check's step, around the rate that trains 40 steps best.
-BASE_LRS = "4e-3,8e-3,1.6e-2,3.2e-2,6.4e-2"
+# Steps of sqrt(2) around the rate that trains the first rung best, each on 3 seeds of their own: one tuning
+# seed picked 8e-3 here, which the ladder's check then found at its grid's edge (2 lr better) at every rung and
+# for every variant, on the first evaluation seed. At 40 steps the spread between seeds is as large as the
+# differences between neighbouring rates, so the pick averages seeds.
+BASE_LRS = "4e-3,8e-3,1.1e-2,1.6e-2,2.3e-2,3.2e-2"
+BASE_SEEDS = 3
+BASE_SEED_BASE = 1000  # outside the ladder's evaluation seeds (the recipe's 1337 on)
 # One component changed on the baseline each, as its recipe changes it (recipes/gpt_<name>.yaml): everything
 # else, the learning rate included, is the baseline's.
 VARIANTS = {
@@ -57,10 +65,11 @@ TOKENS_PER_PARAM = "10"
 
 
 def base_lr_command(parallel: int) -> list[str]:
-    """The base learning rate: the baseline at the first rung's shape and budget (the recipe's), tuned per
-    value on the tuning seed; one evaluation seed at the pick so the sweep can report it."""
-    return ["sweep", "--config", RECIPE, f"--tune=model.lr={BASE_LRS}", "--seeds", "1",
-            "--experiment", BASE_EXPERIMENT, "--tracking_uri", STORE, "--parallel", str(parallel)]
+    """The base learning rate: the baseline at the first rung's shape and budget (the recipe's) at every value
+    of the grid, on seeds of their own."""
+    return ["sweep", "--config", RECIPE, f"--vary=model.lr={BASE_LRS}", "--seeds", str(BASE_SEEDS),
+            "--seed_base", str(BASE_SEED_BASE), "--experiment", BASE_EXPERIMENT, "--tracking_uri", STORE,
+            "--parallel", str(parallel)]
 
 
 def sweep_command(variants: list[str], seeds: int, parallel: int) -> list[str]:
@@ -72,9 +81,8 @@ def sweep_command(variants: list[str], seeds: int, parallel: int) -> list[str]:
     return command
 
 
-def report_commands() -> list[list[str]]:
-    return [["compare", "--experiment", BASE_EXPERIMENT, "--tracking_uri", STORE, "--out", f"{OUT}/base_lr"],
-            ["compare", "--scaling", "--experiment", EXPERIMENT, "--tracking_uri", STORE, "--out", OUT]]
+def report_command() -> list[str]:
+    return ["compare", "--scaling", "--experiment", EXPERIMENT, "--tracking_uri", STORE, "--out", OUT]
 
 
 def recipe_lr() -> float:
@@ -82,11 +90,34 @@ def recipe_lr() -> float:
         return float(yaml.safe_load(f)["model"]["init_args"]["lr"])
 
 
-def tuned_lr() -> float:
-    """The baseline's picked learning rate in the tuning sweep, as its counted seed run ran it."""
+def base_losses() -> dict[float, list[float]]:
+    """The tuning sweep's final validation losses (what tuning reads), per learning rate."""
     client = connect(STORE)
-    values = load_sweep(client, find_parent(client, experiment=BASE_EXPERIMENT)).runs["tune_value"].dropna()
-    return float(values.iloc[0])
+    parent = find_parent(client, experiment=BASE_EXPERIMENT)
+    children = search_all_runs(client, parent.info.experiment_id,
+                               f"tags.`{protocol.PARENT_RUN}` = '{parent.info.run_id}' and attributes.status = 'FINISHED'")
+    losses: dict[float, list[float]] = {}
+    for run in children:
+        if "val/loss" in run.data.metrics:
+            losses.setdefault(float(run.data.params["model.init_args.lr"]), []).append(run.data.metrics["val/loss"])
+    return dict(sorted(losses.items()))
+
+
+def tuned_lr() -> float:
+    """The learning rate with the lowest mean final validation loss over the tuning seeds. Writes the table
+    (docs/scale/ladder/base_lr.md) from the stored runs."""
+    losses = base_losses()
+    pick = min(losses, key=lambda lr: statistics.mean(losses[lr]))
+    rows = [f"| {lr:g} | {statistics.mean(v):.4f} | {', '.join(f'{x:.4f}' for x in v)} |"
+            + (" **picked** |" if lr == pick else " |") for lr, v in losses.items()]
+    table = "\n".join(["| lr | mean final val/loss | per seed | |", "|---|---|---|---|", *rows])
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, "base_lr.md"), "w") as f:
+        f.write(f"# The ladder's base learning rate\n\nThe baseline (`{RECIPE}`) at the first rung's shape and "
+                f"budget, {BASE_SEEDS} seeds from {BASE_SEED_BASE} (outside the ladder's), written by "
+                f"`python -m benchmarks.ladder` from the stored runs. The pick: the lowest mean.\n\n{table}\n")
+    print(table, flush=True)
+    return pick
 
 
 def tuned_already() -> bool:
@@ -138,11 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         if code != 0:
             return code
         print(f"ladder sweeps: {time.time() - started:.0f} s wall", flush=True)
-    for command in report_commands():
-        code = run(command)
-        if code != 0:
-            return code
-    return 0
+    return run(report_command())
 
 
 if __name__ == "__main__":

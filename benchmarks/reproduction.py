@@ -22,7 +22,7 @@ Run from the repository root::
     python -m benchmarks.reproduction                  # both suites, then the reports (many CPU hours: see docs)
     python -m benchmarks.reproduction --only digits    # one of them
     python -m benchmarks.reproduction --report-only    # the reports and the claims table from the stored runs
-    mlflow ui --backend-store-uri sqlite:///benchmarks/out/reproduction.db
+    mlflow ui --backend-store-uri sqlite:///benchmarks/out/reproduction-text.db   # one store per suite
 
 Writes docs/reproduction/{text,digits}/report.md (``cli.py compare``) and docs/reproduction/claims.md (the table,
 built from compare's own analysis of each suite). Each command is printed before it runs.
@@ -48,7 +48,6 @@ from lit.sweep import protocol
 from lit.sweep.store import search_all_runs
 
 REPO = Path(__file__).resolve().parents[1]
-STORE = "sqlite:///benchmarks/out/reproduction.db"
 OUT = Path("docs") / "reproduction"
 KURTOSIS = "diag/kurtosis/model"  # OSP's model-level excess kurtosis, logged by the diagnostics callback
 
@@ -76,6 +75,12 @@ class Suite:
     def family(self) -> str:
         return f"reproduction-{self.name}"
 
+    @property
+    def store(self) -> str:
+        """One store per suite: a suite can then run where its runs are cheapest (the digits on one machine, the
+        text on another) and its store travel alone."""
+        return f"sqlite:///benchmarks/out/reproduction-{self.name}.db"
+
     def sweep_args(self, parallel: int) -> list[str]:
         tune = [f"--tune=model.lr={self.learning_rates}"]
         if self.tune_steps is not None:
@@ -83,7 +88,7 @@ class Suite:
         return ["--config", self.recipe, *(f"--variant={v}" for v in self.variants), f"--seeds={self.seeds}", *tune,
                 f"--metric={self.metric}", f"--report_metric={self.report_metric}", f"--family={self.family}",
                 f"--equivalence_margin={self.margin}", *(f"--equivalent={label}" for label in self.equivalent),
-                f"--experiment={self.experiment}", f"--tracking_uri={STORE}", f"--parallel={parallel}",
+                f"--experiment={self.experiment}", f"--tracking_uri={self.store}", f"--parallel={parallel}",
                 f"--out={Path('benchmarks') / 'out' / self.name}", *self.budget]
 
 
@@ -337,7 +342,7 @@ def run_sweep(suite: Suite, parallel: int, run: Callable[[list[str]], object]) -
             raise
         extended = True
     if not extended:
-        plan = [f"--experiment={suite.experiment}", f"--tracking_uri={STORE}", "--plan",
+        plan = [f"--experiment={suite.experiment}", f"--tracking_uri={suite.store}", "--plan",
                 f"--effect={suite.plan_effect}"]
         print("python cli.py compare " + " ".join(plan), flush=True)
         run(["compare", *plan])
@@ -359,7 +364,7 @@ def report_analysis(client, parent, experiment: str) -> Analysis:
 def analyse(suite: Suite, metric: str | None) -> Analysis | None:
     """compare's analysis of a suite, the report metric (its protocol's family and parity claims) or another
     metric (``metric``: no parity claims; Holm over this suite's comparisons on that metric)."""
-    client = connect(STORE)
+    client = connect(suite.store)
     try:
         parent = find_parent(client, experiment=suite.experiment)
         if metric is None:
@@ -395,7 +400,7 @@ def compute_of(runs: list) -> Compute:
 
 
 def suite_compute(suite: Suite) -> Compute | None:
-    client = connect(STORE)
+    client = connect(suite.store)
     experiment = client.get_experiment_by_name(suite.experiment)
     return None if experiment is None else compute_of(search_all_runs(client, experiment.experiment_id, ""))
 
@@ -420,7 +425,7 @@ def main() -> None:
     for suite in [SUITES[args.only]] if args.only else list(SUITES.values()):
         if not args.report_only:
             run_sweep(suite, args.parallel, cli)
-        compare = [f"--experiment={suite.experiment}", f"--tracking_uri={STORE}", f"--out={OUT / suite.name}"]
+        compare = [f"--experiment={suite.experiment}", f"--tracking_uri={suite.store}", f"--out={OUT / suite.name}"]
         print("python cli.py compare " + " ".join(compare), flush=True)
         try:
             cli(["compare", *compare])

@@ -27,7 +27,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.reproduction import CLAIMS, OUT, REPO, STORE, SUITES, _number, _p, compute_of, report_analysis
+from benchmarks.reproduction import CLAIMS, OUT, REPO, SUITES, _number, _p, compute_of, report_analysis
 from lit.commands import main as cli
 from lit.compare.analysis import Analysis
 from lit.compare.runs import connect, find_parent
@@ -35,6 +35,7 @@ from lit.sweep import protocol
 from lit.sweep.store import search_all_runs
 
 EXPERIMENT = "reproduction3-leads"
+STORE = "sqlite:///benchmarks/out/reproduction.db"  # where the leads ran (2026-11-27); the suites have one store each
 LEADS = ("perinorm", "lns", "tokenformer", "attnres", "attnres_block", "mixnorm", "hyperconn")
 LOOKS = (3, 6, 9, 12)
 # 0.03 nats: the middle of the gains the leads' papers report at their scale (AttnRes 0.02-0.03, Peri-LN and LNS

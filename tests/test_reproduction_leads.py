@@ -23,7 +23,7 @@ def test_the_leads_run_the_text_suites_design_with_looks_instead_of_seeds():
     text = repro.SUITES["text"].sweep_args(2)
     assert "--looks=3,6,9,12" in args and "--effect_of_interest=0.03" in args
     assert not any(a.startswith(("--seeds", "--family", "--equivalen")) for a in args)  # refused with --looks
-    shared = ("--config", "--tune=", "--tune_steps=", "--metric=", "--report_metric=", "--tracking_uri=")
+    shared = ("--config", "--tune=", "--tune_steps=", "--metric=", "--report_metric=")
     assert [a for a in args if a.startswith(shared)] == [a for a in text if a.startswith(shared)]
     assert args[args.index("--config") + 1] == text[text.index("--config") + 1]
     assert [a for a in args if a.startswith(("--model.", "--trainer.", "--data."))] == list(repro.SUITES["text"].budget)
