@@ -9,8 +9,8 @@ step, warm-up over the first 10% of each rung's steps, 3 paired seeds, the final
 
 The learning rate transfers: the baseline (``recipes/gpt_ladder_mup.yaml``) is muP at its base shape, the first
 rung, and its learning rate is tuned there first, at the first rung's budget (a sweep over a grid of sqrt(2)
-steps, 3 seeds of its own, the lowest mean final validation loss picked). The ladder then keeps it at every rung (``--ladder_lr transfer``: muP scales it per
-matrix) and checks it at lr/2 and 2 lr on the first seed of every variant at every rung (``--ladder_lr_check
+steps, 3 seeds of its own, the lowest mean final validation loss picked). The ladder then keeps it at every rung
+(``--ladder_lr transfer``: muP scales it per matrix) and checks it at lr/2 and 2 lr on the first seed of every variant at every rung (``--ladder_lr_check
 all``). The variants change one component of the baseline and nothing else, so they share its learning rate.
 Run from the repository root::
 
@@ -94,8 +94,8 @@ def base_losses() -> dict[float, list[float]]:
     """The tuning sweep's final validation losses (what tuning reads), per learning rate."""
     client = connect(STORE)
     parent = find_parent(client, experiment=BASE_EXPERIMENT)
-    children = search_all_runs(client, parent.info.experiment_id,
-                               f"tags.`{protocol.PARENT_RUN}` = '{parent.info.run_id}' and attributes.status = 'FINISHED'")
+    finished = f"tags.`{protocol.PARENT_RUN}` = '{parent.info.run_id}' and attributes.status = 'FINISHED'"
+    children = search_all_runs(client, parent.info.experiment_id, finished)
     losses: dict[float, list[float]] = {}
     for run in children:
         if "val/loss" in run.data.metrics:
