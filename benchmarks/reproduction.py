@@ -378,15 +378,16 @@ def analyse(suite: Suite, metric: str | None) -> Analysis | None:
 
 @dataclass(frozen=True)
 class Compute:
-    """What a suite's child runs cost: each run trains on one core (``OMP_NUM_THREADS=1``), so its wall time is
-    its core time; the sweep's own bookkeeping between runs is not counted."""
+    """What a suite's child runs cost, in run-hours: the runs' own wall time summed. On a CPU each run trains on one
+    core (``OMP_NUM_THREADS=1``), so a run-hour is a core-hour; runs sharing one GPU overlap, so there it is not
+    GPU time. The sweep's own bookkeeping between runs is not counted."""
 
     tuning_runs: int
     seed_runs: int
-    core_hours: float
+    run_hours: float
 
     def describe(self) -> str:
-        return (f"{self.tuning_runs} tuning + {self.seed_runs} seed runs, {self.core_hours:.2f} core-hours "
+        return (f"{self.tuning_runs} tuning + {self.seed_runs} seed runs, {self.run_hours:.2f} run-hours "
                 "of training and evaluation")
 
 
@@ -411,8 +412,9 @@ def compute_lines(computes: dict[str, Compute | None]) -> str:
     if not ran:
         return "\nCompute: no run has ended yet.\n"
     per_suite = "; ".join(f"{name}: {c.describe()}" for name, c in ran.items())
-    total = sum(c.core_hours for c in ran.values())
-    return f"\nCompute so far (the runs' own wall time, one core each): {per_suite}; {total:.2f} core-hours in all.\n"
+    total = sum(c.run_hours for c in ran.values())
+    return (f"\nCompute so far (run-hours: the runs' own wall time summed; a core-hour for a run on one CPU core, "
+            f"not GPU time for runs sharing a GPU): {per_suite}; {total:.2f} run-hours in all.\n")
 
 
 def main() -> None:

@@ -97,7 +97,7 @@ def fixed_cost(runs: list, seeds: int) -> float | None:
     seeded = compute_of(of_phase(runs, protocol.SEED_PHASE))
     if not tuning.tuning_runs or not seeded.seed_runs:
         return None
-    return tuning.core_hours + seeds * seeded.core_hours / seeded.seed_runs
+    return tuning.run_hours + seeds * seeded.run_hours / seeded.seed_runs
 
 
 def tuned_cell(analysis: Analysis, label: str) -> str:
@@ -136,7 +136,7 @@ def leads_table(analysis: Analysis, runs: list) -> str:
     totals = [0.0, 0.0, 0.0]  # spent, fixed design, fixed at the last look's seeds
     for variant in [*(f"config=gpt_{name}" for name in LEADS), analysis.baseline]:
         mine = grouped.get(variant, [])
-        costs = (compute_of(mine).core_hours, fixed_cost(mine, FIXED_SEEDS), fixed_cost(mine, LOOKS[-1]))
+        costs = (compute_of(mine).run_hours, fixed_cost(mine, FIXED_SEEDS), fixed_cost(mine, LOOKS[-1]))
         totals = [t + (c or 0.0) for t, c in zip(totals, costs, strict=True)]
         if variant == analysis.baseline:
             seeds = len(of_phase(mine, protocol.SEED_PHASE))

@@ -176,9 +176,9 @@ def test_compute_sums_the_child_runs_that_ended_by_phase():
             child(None, 0, 9_000_000, parent=None)]  # the parent: its time is its children's
     compute = repro.compute_of(runs)
     assert (compute.tuning_runs, compute.seed_runs) == (1, 2)
-    assert compute.core_hours == pytest.approx(0.5 + 1.0 + 0.5)
+    assert compute.run_hours == pytest.approx(0.5 + 1.0 + 0.5)
     text = repro.compute_lines({"text": compute, "digits": None})
-    assert "text: 1 tuning + 2 seed runs, 2.00 core-hours" in text and "2.00 core-hours in all" in text
+    assert "text: 1 tuning + 2 seed runs, 2.00 run-hours" in text and "2.00 run-hours in all" in text
     assert "no run has ended" in repro.compute_lines({"text": None})
 
 
