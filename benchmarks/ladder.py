@@ -11,7 +11,8 @@ The learning rate transfers: the baseline (``recipes/gpt_ladder_mup.yaml``) is m
 rung, and its learning rate is tuned there first, at the first rung's budget (a sweep over a grid of sqrt(2)
 steps, 3 seeds of its own, the lowest mean final validation loss picked). The ladder then keeps it at every rung
 (``--ladder_lr transfer``: muP scales it per matrix) and checks it at lr/2 and 2 lr on the first seed of every
-variant at every rung (``--ladder_lr_check all``). The variants change one component of the baseline and nothing else, so they share its learning rate.
+variant at every rung (``--ladder_lr_check all``). The variants change one component of the baseline and nothing
+else, so they share its learning rate.
 Run from the repository root::
 
     python -m benchmarks.ladder                 # the base learning rate (once), the ladder (resumes), the report
