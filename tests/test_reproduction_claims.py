@@ -198,3 +198,12 @@ def test_speedup_cell_reads_compares_steps_to_target_for_claims_on_the_suite_met
     assert repro.speedup_cell(ngpt, SimpleNamespace(targets=[never])) == "not reached (0 of 10)"
     assert repro.speedup_cell(osp, analysis) == ""  # a claim on another metric (kurtosis): no steps to target
     assert repro.speedup_cell(ngpt, None) == ""
+
+
+def test_each_suite_has_a_store_of_its_own():
+    # A suite can then run where its runs are cheapest and its store travel alone (docs/reproduction.md).
+    stores = {name: suite.store for name, suite in repro.SUITES.items()}
+    assert len(set(stores.values())) == len(stores)
+    for name, suite in repro.SUITES.items():
+        args = suite.sweep_args(parallel=1)
+        assert f"--tracking_uri={stores[name]}" in args and name in stores[name]
