@@ -30,6 +30,7 @@ import argparse
 import os
 import shlex
 import statistics
+import sys
 import time
 
 import yaml
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_recipe_lr()
         except UserInputError as error:
-            print(f"error: {error}", flush=True)
+            print(f"error: {error}", file=sys.stderr, flush=True)
             return 2
         code = run(sweep_command(args.variants, args.seeds, args.parallel))
         if code != 0:
