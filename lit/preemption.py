@@ -2,8 +2,9 @@
 
 Clusters stop jobs with SIGTERM (and SLURM warns with SIGUSR1 before its time limit); people press
 Ctrl-C. Lightning's own handling of these stops training without saving (SIGTERM) or tears down from
-the middle of a step (Ctrl-C). Here a signal only raises a flag; at the end of the current batch (a
-consistent state: the optimizer step is done and counted) every process saves ``last.ckpt`` exactly as
+the middle of a step (Ctrl-C). Here a signal only raises a flag; at the end of the current batch (with several
+processes, of the next log step; a consistent state: the optimizer step is done and counted) every process saves
+``last.ckpt`` exactly as
 ``ModelCheckpoint`` would, the MLflow run is marked KILLED with the signal and the step, and training
 ends with one line naming the checkpoint. Resuming from it is exact (tests/test_resume.py).
 
@@ -14,7 +15,12 @@ ends with one line naming the checkpoint. Resuming from it is exact (tests/test_
 - ``interval_minutes``: ``last.ckpt`` is also refreshed when that much training time passed since the
   last checkpoint of any kind, so a SIGKILL (out of memory, a node lost) loses at most that much.
 
-All processes take each decision together (one all-reduce per batch), as a save is collective.
+All processes take each decision together, as a save is collective. With one process the decision is the flag's and
+the clock's, host values, at the end of every batch. With several, agreeing is an all-reduce, which waits for the
+slowest process and, on a GPU, syncs the host with the device; so it is taken only at log steps (``lit/log_steps.py``,
+where Lightning syncs anyway): a signal is acted on at most ``log_every_n_steps`` optimizer steps after it arrives
+(50 with logging off). Keep the scheduler's grace period (SLURM's ``--signal=...@90``, Kubernetes'
+``terminationGracePeriodSeconds``) above that many steps' time plus a checkpoint's.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
+
+from lit.log_steps import is_log_step
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +114,8 @@ class PreemptionCheckpoints(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
+        if self._several(trainer) and not is_log_step(trainer):
+            return  # agreeing is a collective: only at log steps (module docstring)
         due = self.interval_s > 0 and time.monotonic() - self._last_save >= self.interval_s
         signum, due = self._agree(trainer, self._received or 0, due)
         if signum:
@@ -114,12 +124,17 @@ class PreemptionCheckpoints(L.Callback):
             self._save_last(trainer)
 
     @staticmethod
-    def _agree(trainer: L.Trainer, signum: int, due: bool) -> tuple[int, bool]:
-        if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+    def _several(trainer: L.Trainer) -> bool:
+        return trainer.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    @classmethod
+    def _agree(cls, trainer: L.Trainer, signum: int, due: bool) -> tuple[int, bool]:
+        if not cls._several(trainer):
             return signum, due
         flags = torch.tensor([signum, int(due)], device=trainer.strategy.root_device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return int(flags[0]), bool(flags[1])
+        signum, due = flags.tolist()
+        return int(signum), bool(due)
 
     def _save_last(self, trainer: L.Trainer) -> str:
         saved = None

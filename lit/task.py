@@ -27,10 +27,12 @@ from lit.common_random_numbers import BY_NAME, RuntimeStreams, build
 from lit.compute import non_embedding_parameters
 from lit.diagnostics import Diagnostics, DiagnosticsConfig
 from lit.errors import UserInputError
+from lit.log_steps import is_log_step
+from lit.matmul_precision import allow_tf32
 from lit.optim import configure, select_optimizer
 from lit.parallel import checkpoint_blocks, compile_blocks, shard
 from lit.schedules import check as check_schedule
-from lit.throughput import StepRate
+from lit.throughput import ThroughputWindow, device_peak, mfu
 from lit.tracking import per_example
 
 EXECUTION_OPTIONS = ("compile", "activation_checkpointing", "diagnostics")
@@ -49,7 +51,9 @@ class ArchitectureTask(L.LightningModule):
         super().__init__()
         self.compile_each_block, self.recompute_activations = compile, activation_checkpointing
         self.diagnostics = diagnostics if diagnostics is not None else DiagnosticsConfig()
-        self.throughput, self.throughput_metric = StepRate(), f"train/{items}_per_s"
+        self.throughput, self.throughput_metric = ThroughputWindow(), f"train/{items}_per_s"
+        self.peak_flops: float | None = None  # the device's dense peak for the run's dtype; None: no train/mfu
+        self._log_step_loss: torch.Tensor | None = None
         self.flops_metric = f"model/flops_per_{items.removesuffix('s')}"
         self.flops_per_item: float | None = None
         self._size_logged = False
@@ -62,14 +66,21 @@ class ArchitectureTask(L.LightningModule):
         # Counted on the model as built, before compile or sharding wrap it (lit/compute.py).
         if stage == "fit" and self.flops_per_item is None:
             self.flops_per_item = self.training_flops_per_item()
+        if self._trainer is not None:
+            allow_tf32(self.trainer.precision, self.trainer.strategy.root_device)
 
     def log_training_step(self, loss: torch.Tensor, items: int) -> None:
-        """The metrics every task logs per training step: loss, learning rate, items/s over all processes.
+        """The metrics every task logs per training step: loss, learning rate, items/s over all processes and MFU.
 
         Once per fit it also logs the run's size facts that comparisons need (``cli.py compare`` turns
         steps into tokens and reports parameters): ``model/parameters``, ``model/non_embedding_parameters``,
-        ``train/items_per_step`` and ``model/flops_per_token`` (or ``_per_image``); and at every step
+        ``train/items_per_step`` and ``model/flops_per_token`` (or ``_per_image``); and at every logged step
         ``train/flops``, the training FLOPs spent so far, so curves can be drawn against compute.
+
+        Nothing here reads the device or copies a host value to it on a step that logs nothing (a GPU would
+        wait for either): the loss stays a device tensor, which Lightning reads at log steps only; the host
+        scalars (learning rate, FLOPs) are logged at log steps only, as CPU tensors; the loss on the progress
+        bar and the throughput are logged at the end of log steps (``on_train_batch_end``).
         """
         per_step = items * self.trainer.world_size * self.trainer.accumulate_grad_batches
         if not self._size_logged:
@@ -82,22 +93,51 @@ class ArchitectureTask(L.LightningModule):
                 facts[self.flops_metric] = self.flops_per_item
             for logger in self.loggers:
                 logger.log_metrics(facts, step=self.global_step)
+        # Not on the progress bar: Lightning reads every progress-bar metric at every batch (a sync each).
+        self.log("train/loss", loss)
+        self.throughput.add(items * self.trainer.world_size)
+        if not is_log_step(self.trainer):
+            return
+        self._log_step_loss = loss.detach()
         if self.flops_per_item is not None:
             # global_step counts the optimizer steps already taken: this batch belongs to the (global_step + 1)th.
-            self.log("train/flops", self.flops_per_item * per_step * (self.global_step + 1))
-        self.log("train/loss", loss, prog_bar=True)
-        # The task's learning rate as scheduled (a group's own lr is this times its role's multiplier).
+            self._log_host("train/flops", self.flops_per_item * per_step * (self.global_step + 1))
+        # The task's learning rate as scheduled (a group's own lr is this times its role's multiplier), read here
+        # because the scheduler steps before the batch ends.
         group = self.optimizers().param_groups[0]
-        self.log("train/lr", group["lr"] / group["lr_ratio"] if group.get("lr_ratio") else group["lr"])
-        rate = self.throughput.tick(items * self.trainer.world_size)
-        if rate is not None:
-            self.log(self.throughput_metric, rate, prog_bar=True)
+        self._log_host("train/lr", group["lr"] / group["lr_ratio"] if group.get("lr_ratio") else group["lr"])
+
+    def _log_host(self, name: str, value: float, prog_bar: bool = False, logger: bool = True) -> None:
+        # A CPU tensor: self.log(float) would copy the value to the device (a sync on a GPU), and Lightning would
+        # read it back at every later batch had it a place on the progress bar.
+        self.log(name, torch.tensor(float(value), dtype=torch.float64), prog_bar=prog_bar, logger=logger)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        loss, self._log_step_loss = self._log_step_loss, None
+        if loss is None:  # not a log step (set in log_training_step)
+            return
+        # The log step's one read of the device (Lightning reads the logged metrics next, at no extra wait):
+        # everything queued so far has run, so the window's end below is the device's as well as the host's.
+        self._log_host("train/loss", loss.float().item(), prog_bar=True, logger=False)
+        rate = self.throughput.read()
+        if rate is None:
+            return
+        self._log_host(self.throughput_metric, rate, prog_bar=True)
+        if self.flops_per_item is not None and self.peak_flops is not None:
+            self._log_host("train/mfu", mfu(self.flops_per_item, rate, self.trainer.world_size, self.peak_flops))
 
     def on_train_epoch_start(self) -> None:
-        self.throughput.reset()  # time spent outside training steps is not training throughput
+        self.throughput.start()
+
+    def on_train_epoch_end(self) -> None:
+        self.throughput.drop()  # time spent outside training steps is not training throughput
 
     def on_validation_start(self) -> None:
-        self.throughput.reset()
+        self.throughput.drop()
+
+    def on_validation_end(self) -> None:
+        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+            self.throughput.start()
 
     def configure_model(self) -> None:
         # torchtitan's order: activation checkpointing, then compile, then FSDP2 (strategies with a device mesh).
@@ -147,6 +187,7 @@ class ArchitectureTask(L.LightningModule):
 
     def on_train_start(self) -> None:
         self._check_resumed_schedule()
+        self.peak_flops = device_peak(self.trainer.strategy.root_device, self.trainer.precision)
         if getattr(self, "random_numbers", None) == BY_NAME and getattr(self, "_streams", None) is None:
             # Hooks inside a compiled block would break its graph: compiled runs key the stream by batch only.
             self._streams = RuntimeStreams(self.model, self.random_numbers_seed, self.global_rank,

@@ -11,9 +11,12 @@ logs, at MLflow step ``s`` (the step ``train/loss`` of that batch is logged at):
   before Lightning's gradient clipping), the weight norms before the update, and ||W_after - W_before|| /
   ||W_before|| of the update itself, per block and per role (``lit/diagnostics/norms.py``). Only on these
   steps is a copy of the weights taken (this rank's shard of them under FSDP2), and freed after the step.
-- ``spikes``: the training loss (mean over the step's micro-batches) and the global gradient norm enter a
-  ``SpikeDetector`` every step; the score is logged at the interval (the highest since the last record, so a
-  spike between records still shows) and at every spike, with the count and a warning line.
+- ``spikes``: the training loss (mean over the step's micro-batches) and the global gradient norm of every step
+  enter a ``SpikeDetector``; the score is logged at the interval (the highest since the last record, so a
+  spike between records still shows) and at every spike (at the spike's step), with the count and a warning line.
+  Both stay on the device, one pair per step, and enter the detector together, in step order, at the next log
+  step (``lit/log_steps.py``), diagnostics step, checkpoint or the end of training: one read per log interval, none
+  on the steps in between (a per-step read was a host-device sync per step on a GPU).
 
 Only global rank 0 logs. Where the model is sharded (DTensor parameters: FSDP2) every rank computes with it,
 because the probe's forward and the norms' all-reduce are collectives; otherwise (one process, DDP) the
@@ -35,6 +38,7 @@ from lit.diagnostics.norms import GLOBAL, ParameterGroups
 from lit.diagnostics.probe import probe
 from lit.diagnostics.scalars import scalar_values
 from lit.diagnostics.spikes import SpikeDetector
+from lit.log_steps import is_log_step
 from lit.tracking.names import SPIKE_COUNT
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,8 @@ class Diagnostics(L.Callback):
         self._weight_squares: torch.Tensor | None = None
         self._snapshot: list[torch.Tensor] | None = None
         self._max_score = 0.0  # highest spike score since the last record
+        self._pending: list[tuple[int, torch.Tensor | None, torch.Tensor | None]] = []  # (step, loss, grad norm)
+        self._trainer: L.Trainer | None = None
 
     def due(self, step: int) -> bool:
         return step % self.config.interval == 0
@@ -71,6 +77,7 @@ class Diagnostics(L.Callback):
         self._works = trainer.is_global_zero or sharded
         self._groups = ParameterGroups(pl_module) if self.record & {"grads", "spikes"} else None
         self._step, self._probed_step, self._loss = -1, None, None
+        self._pending, self._trainer = [], trainer
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -109,7 +116,9 @@ class Diagnostics(L.Callback):
         elif self._grad_squares is not None:
             grad_norm = self._grad_squares.sum().sqrt()
         if "spikes" in self.record and self._works:
-            metrics.update(self._spikes(trainer, step, self._loss, grad_norm))
+            self._pending.append((step, self._loss, grad_norm))
+            if self.due(step) or is_log_step(trainer):
+                metrics.update(self._enter_spikes(trainer))
         self._loss = self._grad_squares = None
         self._log(trainer, metrics, step)
 
@@ -119,9 +128,16 @@ class Diagnostics(L.Callback):
         if self._probed_step != step and self.probe_inputs is not None:
             self._record_state(trainer, pl_module, step)
         if "spikes" in self.record:
+            self._flush_spikes(trainer)
             self._log(trainer, {SPIKE_COUNT: self.spikes.count}, step)
 
+    def _flush_spikes(self, trainer: L.Trainer | None) -> None:
+        if self._pending and trainer is not None:
+            last = self._pending[-1][0]
+            self._log(trainer, self._enter_spikes(trainer), last)
+
     def state_dict(self) -> dict[str, Any]:
+        self._flush_spikes(self._trainer)  # a checkpoint holds the detector as of its step
         inputs = self.probe_inputs.cpu() if self.probe_inputs is not None else None
         return {"spikes": self.spikes.state_dict(), "probe_inputs": inputs, "max_score": self._max_score}
 
@@ -165,14 +181,24 @@ class Diagnostics(L.Callback):
                 metrics[f"diag/update_ratio/{name}"] = updates[name] / norm
         return metrics, grads[GLOBAL]
 
-    def _spikes(self, trainer: L.Trainer, step: int, loss: torch.Tensor | None,
-                grad_norm: torch.Tensor | None) -> dict[str, float]:
-        # One host sync per step, where StopOnNonFiniteLoss syncs anyway (after the optimizer step is queued).
-        pending = [t for t in (loss, grad_norm) if t is not None]
-        values = iter(torch.stack([t.reshape(()).to(pending[0].device) for t in pending]).tolist()) \
-            if pending else iter(())
-        loss_value = next(values) if loss is not None else None
-        grad_value = next(values) if grad_norm is not None else None
+    def _enter_spikes(self, trainer: L.Trainer) -> dict[str, float]:
+        """Reads the pending steps' losses and gradient norms in one transfer and enters them into the detector in
+        step order. A spike at an earlier step is logged at that step; returns the metrics of the last step."""
+        pending, self._pending = self._pending, []
+        tensors = [t for _, loss, grad in pending for t in (loss, grad) if t is not None]
+        values = iter(torch.stack([t.reshape(()).float().to(tensors[0].device) for t in tensors]).tolist()
+                      if tensors else ())
+        metrics: dict[str, float] = {}
+        for i, (step, loss, grad) in enumerate(pending):
+            loss_value = next(values) if loss is not None else None
+            grad_value = next(values) if grad is not None else None
+            metrics = self._spikes(trainer, step, loss_value, grad_value)
+            if metrics and i < len(pending) - 1:
+                self._log(trainer, metrics, step)
+        return metrics
+
+    def _spikes(self, trainer: L.Trainer, step: int, loss_value: float | None,
+                grad_value: float | None) -> dict[str, float]:
         score = self.spikes.update(loss=loss_value, grad_norm=grad_value)
         self._max_score = max(self._max_score, score)
         spike = score > self.spikes.threshold

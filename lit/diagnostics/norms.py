@@ -58,10 +58,19 @@ class ParameterGroups:
                 members.append((i, group_index[group]))
         self._members = torch.tensor(members, dtype=torch.long).reshape(-1, 2)
         self.sharded = [_sharded(p) for p in self.params]
+        # Index tensors copied to the device once, not at every step: a copy from host memory is a host-device
+        # sync on a GPU (the spike statistics use ``reduce`` at every optimizer step).
+        self._on_device: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+    def _device_copy(self, name: str, make, device: torch.device) -> torch.Tensor:
+        key = (name, device)
+        if key not in self._on_device:
+            self._on_device[key] = make().to(device)
+        return self._on_device[key]
 
     def group_norms(self, squares: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-parameter sums of squares (n,) -> {group: norm} (0-d tensors on the same device)."""
-        members = self._members.to(squares.device)
+        members = self._device_copy("members", lambda: self._members, squares.device)
         sums = torch.zeros(len(self.groups), dtype=squares.dtype, device=squares.device)
         sums.index_add_(0, members[:, 1], squares[members[:, 0]])
         return dict(zip(self.groups, sums.sqrt(), strict=True))
@@ -91,8 +100,8 @@ class ParameterGroups:
         for i, (param, sharded) in enumerate(zip(self.params, self.sharded, strict=True)):
             if sharded:
                 meshes.setdefault(id(param.device_mesh), []).append(i)
-        for indices in meshes.values():
-            index = torch.tensor(indices, device=squares[0].device)
+        for mesh, indices in meshes.items():
+            index = self._device_copy(f"mesh{mesh}", lambda indices=indices: torch.tensor(indices), squares[0].device)
             flat = torch.cat([s[index] for s in squares])
             dist.all_reduce(flat, group=self.params[indices[0]].device_mesh.get_group())
             for o, reduced in zip(out, flat.split(len(indices)), strict=True):
