@@ -191,3 +191,59 @@ def test_auto_stays_on_torch_off_cuda_even_in_the_interpreter(monkeypatch):
         model = GPT(13, 7, TransformerConfig(d_model=8, n_layers=1, n_heads=2, **arch))
         model(torch.zeros(1, 7, dtype=torch.long)).sum().backward()
     assert not any(calls)
+
+
+# --- torch.compile: the custom ops keep the graph whole -----------------------------------------------------
+
+def op_samples():
+    """One call per op at tiny, non-contiguous shapes: (op, args) for torch.library.opcheck."""
+    from arch_plugins.kernels import ngpt_stream_update, pattention_theta, qk_normalize, row_l2_normalize
+    from tests.kernel_checks import strided
+
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(2, 5, 3, 3, 7, generator=g)
+    q, k, _ = qkv.permute(2, 0, 3, 1, 4)
+    h = l2_normalize(torch.randn(3, 5, 17, generator=g))
+    return [
+        (row_l2_normalize._forward_op, (strided((3, 5, 17), torch.float32).requires_grad_(), 1e-12)),
+        (qk_normalize._forward_op, (q.requires_grad_(), k.requires_grad_(),
+                                    (torch.rand(3, 7, generator=g) + 0.5).requires_grad_(), 1e-12)),
+        (ngpt_stream_update._forward_op, (h.requires_grad_(), strided((3, 5, 17), torch.float32).requires_grad_(),
+                                          torch.rand(17, generator=g).requires_grad_(), 1e-12, 1e-12)),
+        (pattention_theta._forward_op, (strided((3, 5, 19), torch.float32).requires_grad_(),
+                                        torch.tensor(3.0), 1e-5)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(4), ids=list(dispatch.OPS))
+def test_each_op_passes_torch_library_opcheck(index):
+    """Schema, fake (shapes, dtypes, strides against the real op), autograd registration, AOT dispatch."""
+    op, args = op_samples()[index]
+    torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("arch", ["ngpt", "tokenformer"])
+def test_models_with_kernels_compile_as_one_graph_and_equal_eager(arch):
+    """kernel: triton under torch.compile(fullgraph=True): no graph break (fullgraph raises on one), one graph,
+    and the same logits and gradients as the same model run eagerly with the kernels."""
+    from torch._dynamo.utils import counters
+
+    from lit.models import GPT, TransformerConfig
+
+    options = (dict(norm="hypersphere", residual="ngpt", positions="none", norm_options={"kernel": "triton"},
+                    residual_options={"kernel": "triton"}) if arch == "ngpt" else
+               dict(norm="layernorm_nonparam", projection="pattention", positions="none",
+                    projection_options={"tokens_qkv": 9, "tokens_out": 11, "tokens_ffn": 30, "kernel": "triton"}))
+    torch.manual_seed(0)
+    eager = GPT(13, 7, TransformerConfig(d_model=20, n_layers=2, n_heads=4, **options))
+    compiled = GPT(13, 7, TransformerConfig(d_model=20, n_layers=2, n_heads=4, **options))
+    compiled.load_state_dict(eager.state_dict())
+    idx = torch.randint(0, 13, (2, 7), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    counters.clear()
+    (ref_logits, ref_grads) = grads_of(eager, idx)
+    got_logits, _ = grads_of(torch.compile(compiled, backend="aot_eager", fullgraph=True), idx)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    torch.testing.assert_close(got_logits, ref_logits, rtol=1e-6, atol=1e-6)
+    for name, param in compiled.named_parameters():
+        torch.testing.assert_close(param.grad, ref_grads[name], rtol=1e-6, atol=1e-6, msg=name)

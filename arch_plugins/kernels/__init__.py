@@ -1,6 +1,7 @@
 """Fused Triton kernels for the element-wise work nGPT and TokenFormer add, each a drop-in for a plugin's eager path.
 
-One file per fused op, each a ``torch.autograd.Function`` with a hand-written backward:
+One file per fused op, each a ``torch.library`` custom op (fake and autograd registered, so torch.compile keeps
+it whole as one opaque node) with a hand-written backward op:
 
 - ``row_l2_normalize``: x / max(|x|, eps) over the last dim (nGPT's normalisation of sublayer outputs, the stream
   and the embedding);

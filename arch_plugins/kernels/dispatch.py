@@ -10,6 +10,10 @@ The rule, in one place:
   at least ``AUTO_MIN_SPEEDUP`` (``arch_plugins.kernels.measured``); torch everywhere else. The table is empty
   until a GPU measurement fills it, so ``auto`` is torch today.
 
+Each op is a ``torch.library.custom_op`` (``arch_plugins::<op>``, with a fake for shapes and an autograd
+formula that calls a backward custom op): torch.compile keeps it as one opaque node, so ``kernel: triton`` breaks
+no graph and Inductor cannot re-fuse through the kernel's casts.
+
 triton stays an optional import: this module never imports it at import time, and the op files guard their
 kernel sources behind ``tl is not None``.
 """
@@ -55,7 +59,21 @@ def check_kernel(kernel: str) -> str:
     if kernel == "triton" and triton_import_error() is not None:
         raise ValueError(f"kernel: triton needs the triton package, which does not import here "
                          f"({triton_import_error()}); install triton (Linux) or use kernel: auto")
+    if kernel == "triton" or (kernel == "auto" and measured.MEASURED_SPEEDUPS and triton_import_error() is None):
+        register_ops()
     return kernel
+
+
+def register_ops() -> None:
+    """Import the op files, which register the kernels as ``torch.library`` custom ops (``arch_plugins::*``).
+
+    Done when a plugin that may run them is built, so that torch.compile never meets a first import (and a
+    registration) while it traces a forward.
+    """
+    import importlib
+
+    for op in OPS:
+        importlib.import_module(f"arch_plugins.kernels.{op}")
 
 
 def interpreting() -> bool:

@@ -93,59 +93,89 @@ if tl is not None:
     _FORWARD, _BACKWARD = TritonKernel(_forward), TritonKernel(_backward)
 
 
-class NGPTStreamUpdate(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h: torch.Tensor, b: torch.Tensor, a: torch.Tensor, eps_branch: float, eps_stream: float):
-        if h.shape != b.shape or a.shape != h.shape[-1:]:
-            raise ValueError(f"stream {tuple(h.shape)}, branch {tuple(b.shape)} and alpha {tuple(a.shape)} "
-                             f"do not fit (alpha is one value per channel)")
-        h_rows, b_rows = as_rows(h), as_rows(b)
-        ctx.alpha_dtype = a.dtype
-        a = a.to(h.dtype).contiguous()  # the eager lerp's weight is cast to the stream's dtype
-        n_rows, n_cols = h_rows.shape
-        out = torch.empty((n_rows, n_cols), dtype=promoted(h.dtype), device=h.device)
-        bn = torch.empty((n_rows, n_cols), dtype=promoted(b.dtype), device=b.device)
-        block_m, block_n, warps = row_tile(n_cols)
-        if n_rows:
-            with on_device(h):
-                _FORWARD[(cdiv(n_rows, block_m),)](h_rows, b_rows, a, out, bn, n_rows, n_cols, h_rows.stride(0),
-                                                   b_rows.stride(0), eps_branch ** 2, eps_stream ** 2,
-                                                   BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
-        ctx.save_for_backward(h_rows, b_rows, a)
-        ctx.eps = (eps_branch, eps_stream)
-        ctx.shapes = (h.shape, h.dtype, b.shape, b.dtype)
-        ctx.set_materialize_grads(False)  # the branch output usually gets no gradient: skip its zeros
-        return out.view(h.shape), bn.view(b.shape)
-
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor | None, grad_branch: torch.Tensor | None):
-        h_rows, b_rows, a = ctx.saved_tensors
-        h_shape, h_dtype, b_shape, b_dtype = ctx.shapes
-        n_rows, n_cols = h_rows.shape
-        if grad_out is None:
-            grad_out = torch.zeros(h_shape, dtype=promoted(h_dtype), device=h_rows.device)
-        g = as_rows(grad_out)
-        gb = as_rows(grad_branch) if grad_branch is not None else g  # g: a valid pointer the kernel never reads
-        dh = torch.empty((n_rows, n_cols), dtype=h_dtype, device=h_rows.device)
-        db = torch.empty((n_rows, n_cols), dtype=b_dtype, device=b_rows.device)
-        block_m, block_n, warps = row_tile(n_cols)
-        tiles = cdiv(n_rows, block_m)
-        programs = persistent_programs(h_rows, tiles)
-        da_partial = torch.zeros((programs, n_cols), dtype=torch.float32, device=h_rows.device)
-        if n_rows:
-            with on_device(h_rows):
-                _BACKWARD[(programs,)](h_rows, b_rows, a, g, gb, dh, db, da_partial, n_rows, n_cols,
-                                       h_rows.stride(0), b_rows.stride(0), g.stride(0), gb.stride(0),
-                                       ctx.eps[0] ** 2, ctx.eps[1] ** 2, tiles,
-                                       HAS_BRANCH_GRAD=grad_branch is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-                                       num_warps=warps)
-        da = da_partial.sum(0).to(a.dtype).to(ctx.alpha_dtype)  # via h's dtype, as the eager lerp
-        return dh.view(h_shape), db.view(b_shape), da, None, None
+def _check_shapes(h: torch.Tensor, b: torch.Tensor, a: torch.Tensor) -> None:
+    if h.shape != b.shape or a.shape != h.shape[-1:]:
+        raise ValueError(f"stream {tuple(h.shape)}, branch {tuple(b.shape)} and alpha {tuple(a.shape)} "
+                         f"do not fit (alpha is one value per channel)")
 
 
-@torch.compiler.disable  # opaque to torch.compile: Inductor must not re-fuse it through its casts
+# torch.library custom ops (not an autograd.Function behind torch.compiler.disable): one opaque node in a
+# torch.compile graph, no graph break; the fakes give the shapes.
+@torch.library.custom_op("arch_plugins::ngpt_stream_update", mutates_args=())
+def _forward_op(h: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, eps_branch: float,
+                eps_stream: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_shapes(h, b, alpha)
+    h_rows, b_rows = as_rows(h), as_rows(b)
+    a = alpha.to(h.dtype).contiguous()  # the eager lerp's weight is cast to the stream's dtype
+    n_rows, n_cols = h_rows.shape
+    out = torch.empty((n_rows, n_cols), dtype=promoted(h.dtype), device=h.device)
+    bn = torch.empty((n_rows, n_cols), dtype=promoted(b.dtype), device=b.device)
+    block_m, block_n, warps = row_tile(n_cols)
+    if n_rows:
+        with on_device(h):
+            _FORWARD[(cdiv(n_rows, block_m),)](h_rows, b_rows, a, out, bn, n_rows, n_cols, h_rows.stride(0),
+                                               b_rows.stride(0), eps_branch ** 2, eps_stream ** 2,
+                                               BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    return out.view(h.shape), bn.view(b.shape)
+
+
+@_forward_op.register_fake
+def _(h, b, alpha, eps_branch, eps_stream):
+    _check_shapes(h, b, alpha)
+    return h.new_empty(h.shape, dtype=promoted(h.dtype)), b.new_empty(b.shape, dtype=promoted(b.dtype))
+
+
+@torch.library.custom_op("arch_plugins::ngpt_stream_update_backward", mutates_args=())
+def _backward_op(h: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, grad_out: torch.Tensor,
+                 grad_branch: torch.Tensor | None, eps_branch: float,
+                 eps_stream: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    h_rows, b_rows, g = as_rows(h), as_rows(b), as_rows(grad_out)
+    a = alpha.to(h.dtype).contiguous()
+    gb = as_rows(grad_branch) if grad_branch is not None else g  # g: a valid pointer the kernel never reads
+    n_rows, n_cols = h_rows.shape
+    dh = torch.empty((n_rows, n_cols), dtype=h.dtype, device=h.device)
+    db = torch.empty((n_rows, n_cols), dtype=b.dtype, device=b.device)
+    block_m, block_n, warps = row_tile(n_cols)
+    tiles = cdiv(n_rows, block_m)
+    programs = persistent_programs(h_rows, tiles)
+    da_partial = torch.zeros((programs, n_cols), dtype=torch.float32, device=h.device)
+    if n_rows:
+        with on_device(h):
+            _BACKWARD[(programs,)](h_rows, b_rows, a, g, gb, dh, db, da_partial, n_rows, n_cols,
+                                   h_rows.stride(0), b_rows.stride(0), g.stride(0), gb.stride(0),
+                                   eps_branch ** 2, eps_stream ** 2, tiles,
+                                   HAS_BRANCH_GRAD=grad_branch is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+                                   num_warps=warps)
+    da = da_partial.sum(0).to(h.dtype).to(alpha.dtype)  # via h's dtype, as the eager lerp
+    return dh.view(h.shape), db.view(b.shape), da
+
+
+@_backward_op.register_fake
+def _(h, b, alpha, grad_out, grad_branch, eps_branch, eps_stream):
+    return h.new_empty(h.shape), b.new_empty(b.shape), alpha.new_empty(alpha.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    h, b, alpha, eps_branch, eps_stream = inputs
+    # Only the inputs (b at its own width: bf16 under autocast); m, rb, rm are recomputed from them.
+    ctx.save_for_backward(h, b, alpha)
+    ctx.eps = (eps_branch, eps_stream)
+    ctx.set_materialize_grads(False)  # the branch output usually gets no gradient: skip its zeros
+
+
+def _backward(ctx, grad_out: torch.Tensor | None, grad_branch: torch.Tensor | None):
+    h, b, alpha = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros(h.shape, dtype=promoted(h.dtype), device=h.device)
+    dh, db, da = _backward_op(h, b, alpha, grad_out, grad_branch, *ctx.eps)
+    return dh, db, da, None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 def ngpt_stream_update(h: torch.Tensor, branch: torch.Tensor, alpha: torch.Tensor, eps_branch: float,
                        eps_stream: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(Norm(lerp(h, Norm(branch), alpha)), Norm(branch)) with the Triton kernel; alpha is used as given (pass
     |alpha| for NVIDIA's reference). Callers decide through dispatch.use_triton."""
-    return NGPTStreamUpdate.apply(h, branch, alpha, eps_branch, eps_stream)
+    return _forward_op(h, branch, alpha, eps_branch, eps_stream)

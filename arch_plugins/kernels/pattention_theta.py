@@ -61,40 +61,63 @@ if tl is not None:
     _FORWARD, _BACKWARD = TritonKernel(_forward), TritonKernel(_backward)
 
 
-class PattentionTheta(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, scores: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
-        rows = as_rows(scores)
-        n_rows, n_cols = rows.shape
-        scale = scale.detach().reshape(1).to(device=scores.device)
-        s = torch.empty((n_rows, n_cols), dtype=scores.dtype, device=scores.device)
-        block_m, block_n, warps = row_tile(n_cols)
-        if n_rows:
-            with on_device(scores):
-                _FORWARD[(cdiv(n_rows, block_m),)](rows, scale, s, n_rows, n_cols, rows.stride(0), eps,
-                                                   BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
-        ctx.save_for_backward(rows, scale)
-        ctx.eps, ctx.shape = eps, scores.shape
-        return s.view(scores.shape)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        rows, scale = ctx.saved_tensors
-        g = as_rows(grad)
-        n_rows, n_cols = rows.shape
-        da = torch.empty((n_rows, n_cols), dtype=rows.dtype, device=rows.device)
-        block_m, block_n, warps = row_tile(n_cols)
-        if n_rows:
-            with on_device(rows):
-                _BACKWARD[(cdiv(n_rows, block_m),)](rows, scale, g, da, n_rows, n_cols, rows.stride(0), g.stride(0),
-                                                    ctx.eps, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
-        return da.view(ctx.shape), None, None
+# torch.library custom ops (not an autograd.Function behind torch.compiler.disable): one opaque node in a
+# torch.compile graph, no graph break; the fakes give the shapes.
+@torch.library.custom_op("arch_plugins::pattention_theta", mutates_args=())
+def _forward_op(scores: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    rows = as_rows(scores)
+    n_rows, n_cols = rows.shape
+    scale = scale.reshape(1).to(device=scores.device)
+    s = torch.empty((n_rows, n_cols), dtype=scores.dtype, device=scores.device)
+    block_m, block_n, warps = row_tile(n_cols)
+    if n_rows:
+        with on_device(scores):
+            _FORWARD[(cdiv(n_rows, block_m),)](rows, scale, s, n_rows, n_cols, rows.stride(0), eps,
+                                               BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    return s.view(scores.shape)
 
 
-@torch.compiler.disable  # opaque to torch.compile, as the other kernels
+@_forward_op.register_fake
+def _(scores, scale, eps):
+    return scores.new_empty(scores.shape)
+
+
+@torch.library.custom_op("arch_plugins::pattention_theta_backward", mutates_args=())
+def _backward_op(scores: torch.Tensor, scale: torch.Tensor, grad: torch.Tensor, eps: float) -> torch.Tensor:
+    rows, g = as_rows(scores), as_rows(grad)
+    n_rows, n_cols = rows.shape
+    scale = scale.reshape(1).to(device=scores.device)
+    da = torch.empty((n_rows, n_cols), dtype=scores.dtype, device=scores.device)
+    block_m, block_n, warps = row_tile(n_cols)
+    if n_rows:
+        with on_device(scores):
+            _BACKWARD[(cdiv(n_rows, block_m),)](rows, scale, g, da, n_rows, n_cols, rows.stride(0), g.stride(0),
+                                                eps, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    return da.view(scores.shape)
+
+
+@_backward_op.register_fake
+def _(scores, scale, grad, eps):
+    return scores.new_empty(scores.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    scores, scale, eps = inputs
+    ctx.save_for_backward(scores, scale)  # only A: r, f, z are recomputed from it
+    ctx.eps = eps
+
+
+def _backward(ctx, grad: torch.Tensor):
+    scores, scale = ctx.saved_tensors
+    return _backward_op(scores, scale, grad, ctx.eps), None, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 def pattention_theta(scores: torch.Tensor, scale: float | torch.Tensor, eps: float) -> torch.Tensor:
     """GeLU(scores * scale / (|scores| + eps)) over the last dim with the Triton kernel. ``scale`` gets no
     gradient (it is a buffer). Callers decide through dispatch.use_triton."""
     if not isinstance(scale, torch.Tensor):
         scale = torch.tensor(float(scale), dtype=torch.float32)
-    return PattentionTheta.apply(scores, scale, eps)
+    return _forward_op(scores, scale.detach(), eps)

@@ -114,35 +114,77 @@ def _normalize_backward(x: torch.Tensor, s2: torch.Tensor | None, grad: torch.Te
     return dx, (partial.sum((0, 2)) if s2 is not None else None)
 
 
-class QKNormalize(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, s2: torch.Tensor, eps: float):
-        if q.dim() != 4 or k.shape != q.shape or s2.shape != (q.shape[1], q.shape[3]):
-            raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be (B, H, T, head_dim) and the "
-                             f"scale (H, head_dim), got {tuple(s2.shape)}")
-        q, k, s2_c = _unit_last_stride(q), _unit_last_stride(k), s2.contiguous()
-        # The eager path's dtypes: normalised q times the (fp32) scale, normalised k at least fp32.
-        q_out = _normalize(q, s2_c, eps, torch.promote_types(promoted(q.dtype), s2.dtype))
-        k_out = _normalize(k, None, eps, promoted(k.dtype))
-        ctx.save_for_backward(q, k, s2_c)
-        ctx.eps, ctx.s2_dtype = eps, s2.dtype
-        ctx.set_materialize_grads(False)
-        return q_out, k_out
-
-    @staticmethod
-    def backward(ctx, grad_q: torch.Tensor | None, grad_k: torch.Tensor | None):
-        q, k, s2 = ctx.saved_tensors
-        dq = dk = ds2 = None
-        if grad_q is not None:
-            dq, ds2 = _normalize_backward(q, s2, grad_q, ctx.eps)
-            ds2 = ds2.to(ctx.s2_dtype)
-        if grad_k is not None:
-            dk, _ = _normalize_backward(k, None, grad_k, ctx.eps)
-        return dq, dk, ds2, None
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, s2: torch.Tensor) -> None:
+    if q.dim() != 4 or k.shape != q.shape or s2.shape != (q.shape[1], q.shape[3]):
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must be (B, H, T, head_dim) and the "
+                         f"scale (H, head_dim), got {tuple(s2.shape)}")
 
 
-@torch.compiler.disable  # opaque to torch.compile: Inductor must not re-fuse it through its casts
+def _out_dtypes(q: torch.Tensor, k: torch.Tensor, s2: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    # The eager path's dtypes: normalised q times the (fp32) scale, normalised k at least fp32.
+    return torch.promote_types(promoted(q.dtype), s2.dtype), promoted(k.dtype)
+
+
+# torch.library custom ops (not an autograd.Function behind torch.compiler.disable): one opaque node in a
+# torch.compile graph, no graph break; the fakes give the shapes.
+@torch.library.custom_op("arch_plugins::qk_normalize", mutates_args=())
+def _forward_op(q: torch.Tensor, k: torch.Tensor, s2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_shapes(q, k, s2)
+    q_dtype, k_dtype = _out_dtypes(q, k, s2)
+    return (_normalize(_unit_last_stride(q), s2.contiguous(), eps, q_dtype),
+            _normalize(_unit_last_stride(k), None, eps, k_dtype))
+
+
+@_forward_op.register_fake
+def _(q, k, s2, eps):
+    _check_shapes(q, k, s2)
+    q_dtype, k_dtype = _out_dtypes(q, k, s2)
+    return q.new_empty(q.shape, dtype=q_dtype), k.new_empty(k.shape, dtype=k_dtype)
+
+
+@torch.library.custom_op("arch_plugins::qk_normalize_backward_q", mutates_args=())
+def _backward_q_op(q: torch.Tensor, s2: torch.Tensor, grad: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    dq, ds2 = _normalize_backward(_unit_last_stride(q), s2.contiguous(), grad, eps)
+    return dq, ds2.to(s2.dtype)
+
+
+@_backward_q_op.register_fake
+def _(q, s2, grad, eps):
+    return q.new_empty(q.shape), s2.new_empty(s2.shape)
+
+
+@torch.library.custom_op("arch_plugins::qk_normalize_backward_k", mutates_args=())
+def _backward_k_op(k: torch.Tensor, grad: torch.Tensor, eps: float) -> torch.Tensor:
+    return _normalize_backward(_unit_last_stride(k), None, grad, eps)[0]
+
+
+@_backward_k_op.register_fake
+def _(k, grad, eps):
+    return k.new_empty(k.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, s2, eps = inputs
+    ctx.save_for_backward(q, k, s2)
+    ctx.eps = eps
+    ctx.set_materialize_grads(False)  # eager autograd: an output nothing differentiates costs no zeros
+
+
+def _backward(ctx, grad_q: torch.Tensor | None, grad_k: torch.Tensor | None):
+    q, k, s2 = ctx.saved_tensors
+    dq = dk = ds2 = None
+    if grad_q is not None:
+        dq, ds2 = _backward_q_op(q, s2, grad_q, ctx.eps)
+    if grad_k is not None:
+        dk = _backward_k_op(k, grad_k, ctx.eps)
+    return dq, dk, ds2, None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 def qk_normalize(q: torch.Tensor, k: torch.Tensor, s2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(s2 * q/|q|, k/|k|) per head with the Triton kernel; q, k (B, H, T, head_dim), s2 (H, head_dim).
     Callers decide through dispatch.use_triton."""
-    return QKNormalize.apply(q, k, s2, eps)
+    return _forward_op(q, k, s2, eps)

@@ -47,37 +47,58 @@ if tl is not None:
     _FORWARD, _BACKWARD = TritonKernel(_forward), TritonKernel(_backward)
 
 
-class RowL2Normalize(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
-        rows = as_rows(x)
-        n_rows, n_cols = rows.shape
-        y = torch.empty((n_rows, n_cols), dtype=promoted(x.dtype), device=x.device)
-        block_m, block_n, warps = row_tile(n_cols)
-        if n_rows:
-            with on_device(x):
-                _FORWARD[(cdiv(n_rows, block_m),)](rows, y, n_rows, n_cols, rows.stride(0), eps * eps,
-                                                          BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
-        ctx.save_for_backward(rows)
-        ctx.eps, ctx.shape = eps, x.shape
-        return y.view(x.shape)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (rows,) = ctx.saved_tensors
-        g = as_rows(grad)
-        n_rows, n_cols = rows.shape
-        dx = torch.empty((n_rows, n_cols), dtype=rows.dtype, device=rows.device)
-        block_m, block_n, warps = row_tile(n_cols)
-        if n_rows:
-            with on_device(rows):
-                _BACKWARD[(cdiv(n_rows, block_m),)](rows, g, dx, n_rows, n_cols, rows.stride(0), g.stride(0),
-                                                           ctx.eps * ctx.eps, BLOCK_M=block_m, BLOCK_N=block_n,
-                                                           num_warps=warps)
-        return dx.view(ctx.shape), None
+# A torch.library custom op, not an autograd.Function behind torch.compiler.disable: torch.compile sees it as one
+# opaque node (Inductor does not re-fuse through its casts) and keeps the graph whole, shapes from the fake.
+@torch.library.custom_op("arch_plugins::row_l2_normalize", mutates_args=())
+def _forward_op(x: torch.Tensor, eps: float) -> torch.Tensor:
+    rows = as_rows(x)
+    n_rows, n_cols = rows.shape
+    y = torch.empty((n_rows, n_cols), dtype=promoted(x.dtype), device=x.device)
+    block_m, block_n, warps = row_tile(n_cols)
+    if n_rows:
+        with on_device(x):
+            _FORWARD[(cdiv(n_rows, block_m),)](rows, y, n_rows, n_cols, rows.stride(0), eps * eps,
+                                               BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    return y.view(x.shape)
 
 
-@torch.compiler.disable  # opaque to torch.compile: Inductor must not re-fuse it through its casts
+@_forward_op.register_fake
+def _(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x.new_empty(x.shape, dtype=promoted(x.dtype))
+
+
+@torch.library.custom_op("arch_plugins::row_l2_normalize_backward", mutates_args=())
+def _backward_op(x: torch.Tensor, grad: torch.Tensor, eps: float) -> torch.Tensor:
+    rows, g = as_rows(x), as_rows(grad)
+    n_rows, n_cols = rows.shape
+    dx = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+    block_m, block_n, warps = row_tile(n_cols)
+    if n_rows:
+        with on_device(x):
+            _BACKWARD[(cdiv(n_rows, block_m),)](rows, g, dx, n_rows, n_cols, rows.stride(0), g.stride(0), eps * eps,
+                                                BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps)
+    return dx.view(x.shape)
+
+
+@_backward_op.register_fake
+def _(x: torch.Tensor, grad: torch.Tensor, eps: float) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, eps = inputs
+    ctx.save_for_backward(x)  # only the input: the row statistics are recomputed from it in the same read
+    ctx.eps = eps
+
+
+def _backward(ctx, grad: torch.Tensor):
+    (x,) = ctx.saved_tensors
+    return _backward_op(x, grad, ctx.eps), None
+
+
+_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 def row_l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / max(|x|, eps) over the last dim with the Triton kernel (callers decide through dispatch.use_triton)."""
-    return RowL2Normalize.apply(x, eps)
+    return _forward_op(x, eps)
