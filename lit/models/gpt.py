@@ -40,8 +40,9 @@ class GPT(nn.Module):
         self.readout_multiplier = self.stack.output_multiplier
         self.stack.parametrize(self)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx: (B, T) token ids -> logits (B, T, vocab)."""
+    def forward(self, idx: torch.Tensor, readout: bool = True) -> torch.Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab); with ``readout=False``, the head's input (B, T, d), which
+        a loss then passes through ``readout`` a chunk of tokens at a time (lit/readout_loss.py)."""
         T = idx.shape[1]
         if T > self.block_size:
             raise ArchitectureError(f"sequence length {T} exceeds block_size {self.block_size}, the length the model's "
@@ -52,6 +53,10 @@ class GPT(nn.Module):
         h = self.stack(x)
         if self.readout_multiplier is not None:
             h = h * self.readout_multiplier
+        return self.readout(h) if readout else h
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        """The head's input -> logits: the LM head, then the norm strategy's logits site."""
         return self.logits(self.head(h))
 
     @torch.no_grad()
