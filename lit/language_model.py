@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
-from arch_plugins.stabilisers.z_loss import z_loss
 from lit.compute import gpt_flops_per_token
 from lit.diagnostics import DiagnosticsConfig
 from lit.errors import UserInputError
@@ -17,6 +16,7 @@ from lit.init_from import Growth, load_initial_weights
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
 from lit.optim import with_installed_optimizers
+from lit.readout_loss import chunk_tokens, readout_loss
 from lit.task import EXECUTION_OPTIONS, ArchitectureTask
 
 
@@ -55,6 +55,10 @@ class LanguageModel(ArchitectureTask):
         z_loss: coefficient of PaLM's auxiliary z-loss, mean(logsumexp(logits)^2), added to the training loss
             (PaLM: 1e-4; 0: off). Logged as ``train/z_loss`` (the term added); ``train/loss`` stays the
             cross-entropy, comparable with runs without it.
+        loss_chunk_mib: the training loss reads the logits out a chunk of tokens at a time, each chunk's fp32 logits
+            at most this many MiB, so the whole (tokens x vocab) logits never exist (lit/readout_loss.py): the same
+            loss to float rounding, and bit-identical where a micro-batch fits one chunk (every small-vocabulary
+            recipe). 0: the whole logits at once.
         random_numbers: how the run's random numbers are drawn: ``construction_order`` (seed once, then build:
             PyTorch's default) or ``by_name`` (each parameter's init keyed by its name, dropout by module and
             batch, so that variants start identical in what they share; what ``cli.py sweep`` uses).
@@ -69,12 +73,15 @@ class LanguageModel(ArchitectureTask):
                  init_from: str | None = None, growth: Growth = Growth(),
                  compile: bool = False, activation_checkpointing: bool = False,
                  diagnostics: DiagnosticsConfig = DiagnosticsConfig(), bytes_per_token: float | None = None,
-                 z_loss: float = 0.0,
+                 z_loss: float = 0.0, loss_chunk_mib: float = 256.0,
                  random_numbers: Literal["construction_order", "by_name"] = "construction_order"):
         super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="tokens",
                          diagnostics=diagnostics)
         if not z_loss >= 0:
             raise UserInputError(f"z_loss is a coefficient (PaLM uses 1e-4; 0 turns it off), got {z_loss}")
+        if not loss_chunk_mib >= 0:
+            raise UserInputError(f"loss_chunk_mib is the most MiB of fp32 logits per chunk of the training loss "
+                                 f"(0: whole logits), got {loss_chunk_mib}")
         self.check_optimizer(optimizer, optimizer_options, schedule, schedule_options)
         # The resolved config is logged by the CLI; the logger need not log hparams a second time.
         self.save_hyperparameters(logger=False, ignore=EXECUTION_OPTIONS)
@@ -95,11 +102,13 @@ class LanguageModel(ArchitectureTask):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         idx, targets = batch
-        logits = self(idx)
-        loss = self._loss(logits, targets)
+        hidden = self.model(idx, readout=False)
+        loss, z = readout_loss(self.model.readout, hidden, targets,
+                               chunk_tokens(self.hparams.vocab_size, self.hparams.get("loss_chunk_mib", 0.0)),
+                               with_z=bool(self.hparams.z_loss))
         self.log_training_step(loss, idx.numel())
         if self.hparams.z_loss:
-            auxiliary = self.hparams.z_loss * z_loss(logits)
+            auxiliary = self.hparams.z_loss * z
             self.log("train/z_loss", auxiliary)
             return loss + auxiliary
         return loss
