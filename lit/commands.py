@@ -39,7 +39,8 @@ COMMANDS: dict[str, Command] = {
     "layer-skip": Command("lit.procedures.layer_skip:main", "validation loss with each block or sublayer skipped"),
     "export": Command("lit.checkpoints:main", "turn a sharded checkpoint directory into one checkpoint file"),
     "sync": Command("lit.tracking.sync:main", "send metrics kept while the tracking server was away, or copy a run"),
-    "prepare-data": Command("lit.data.prepare:main", "tokenize text files into shards for training"),
+    "train-tokenizer": Command("lit.data.tokenizer_training:main", "train a byte-level BPE tokenizer on a corpus"),
+    "prepare-data": Command("lit.data.prepare:main", "tokenize a corpus (text, JSONL, parquet) into token shards"),
     "coord-check": Command("lit.scale.coord_check_command:main",
                            "check a parametrization: layer scales against width or depth, figure and slopes"),
 }

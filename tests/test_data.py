@@ -89,24 +89,25 @@ def test_prepare_with_a_local_tokenizer_then_train_windows(tmp_path):
     tok.save(str(tmp_path / "tokenizer.json"))
 
     meta = prepare([str(p) for p in corpus], str(tmp_path / "tokenizer.json"), str(tmp_path / "shards"),
-                   shard_tokens=1000, val_fraction=0.1, eot="<eot>")
+                   shard_tokens=1000, val_fraction=0.1, test_fraction=0.1, eot="<eot>", text_unit="line")
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == tok.get_vocab_size()
     assert json.loads((tmp_path / "shards" / "meta.json").read_text())["vocab_size"] == meta["vocab_size"]
     assert len(find_shards(tmp_path / "shards", "train")) >= 2
+    assert sum(s["documents"] for s in meta["splits"].values()) == 400  # one document per line
 
-    # Bits per byte need the text's bytes per token: here every token is a BPE piece of ASCII text.
-    total_bytes = sum(len(p.read_bytes()) for p in corpus)
-    total_tokens = sum(len(tok.encode(p.read_text()).ids) + 1 for p in corpus)  # + one <eot> per document
-    assert meta["bytes_per_token"] == pytest.approx(total_bytes / total_tokens) and meta["bytes_per_token"] > 1
+    # The approximate bits-per-byte fallback: validation's own bytes per token (EOTs count as tokens).
+    val = meta["splits"]["val"]
+    assert meta["bytes_per_token"] == pytest.approx(val["bytes"] / val["tokens"]) and meta["bytes_per_token"] > 1
     dm = TextDataModule(shards_dir=str(tmp_path / "shards"), block_size=16, batch_size=2)
     assert dm.vocab_size == meta["vocab_size"] and dm.bytes_per_token == meta["bytes_per_token"]
     dm.setup("fit")
+    assert dm.has_test_split and len(dm.test_set) > 0
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (2, 16) and int(x.max()) < meta["vocab_size"]
-    # Round trip: the shards hold exactly what the tokenizer produced.
+    # Round trip: the shards hold exactly what the tokenizer produced, an <eot> before each document.
     first = TokenWindows(find_shards(tmp_path / "shards", "train"), block_size=8)[0][0].tolist()
-    expected = [tok.token_to_id("<eot>")] + tok.encode(corpus[0].read_text()).ids
-    assert first == expected[:8]
+    assert first[0] == tok.token_to_id("<eot>")
+    assert first[1:] == tok.encode(corpus[0].read_text().splitlines()[0]).ids[:7]  # every line reads the same
 
 
 def test_missing_shards_dir_says_how_to_make_it(tmp_path):
