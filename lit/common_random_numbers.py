@@ -169,15 +169,24 @@ class RuntimeStreams:
 
     def __init__(self, model: nn.Module, seed: int, rank: int = 0, per_module: bool = True):
         self.seed, self.rank, self.batch_key = seed, rank, 0
+        # Asked once: under Lightning (PYTORCH_NVML_BASED_CUDA_CHECK=1) every torch.cuda.is_available() call
+        # loads and queries the NVML library, which, per module call, cost more than a micro-size CPU step.
+        self.cuda = torch.cuda.is_available()
         self.handles = []
         if per_module:
             for path, module in model.named_modules():
                 self.handles.append(module.register_forward_pre_hook(self._hook(keyed_seed(path or "(model)"))))
 
     def _hook(self, path_key: int):
+        generator = torch.default_generator
+
         def reseed(module: nn.Module, args) -> None:
+            # _reseed inlined: this runs before every module call, and its cost is mostly Python's.
             if module.training:
-                self._reseed(path_key)
+                seed = self.batch_key ^ path_key
+                generator.manual_seed(seed)
+                if self.cuda and torch.cuda.is_initialized():
+                    torch.cuda.default_generators[torch.cuda.current_device()].manual_seed(seed)
         return reseed
 
     def _reseed(self, path_key: int) -> None:
@@ -185,7 +194,7 @@ class RuntimeStreams:
         # runs before every module's forward, so its cost is per call).
         seed = self.batch_key ^ path_key
         torch.default_generator.manual_seed(seed)
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if self.cuda and torch.cuda.is_initialized():
             torch.cuda.default_generators[torch.cuda.current_device()].manual_seed(seed)
 
     def start_batch(self, batch: int) -> None:

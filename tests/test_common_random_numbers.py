@@ -129,6 +129,19 @@ def dropout_masks(model: nn.Module, rule: str, steps: int = 2) -> dict[tuple[str
     return masks
 
 
+def test_the_per_module_hook_asks_no_device_question(monkeypatch):
+    # Under Lightning every torch.cuda.is_available() loads NVML: asked per module call, it cost more than a
+    # micro-size step (benchmarks/init_by_name.py). The streams ask once, when they are installed.
+    model = built(gpt(dropout=0.2), BY_NAME)
+    streams = RuntimeStreams(model, SEED)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or False)
+    streams.start_batch(0)
+    model.train()
+    model(torch.zeros(2, 16, dtype=torch.long))
+    assert asked == []
+
+
 @pytest.mark.parametrize("rule", [BY_NAME, CONSTRUCTION_ORDER])
 def test_dropout_masks_agree_across_variants_by_module_and_batch(rule):
     base = dropout_masks(built(gpt(dropout=0.2), rule), rule)
