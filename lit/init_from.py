@@ -1,5 +1,10 @@
 """Start a run from another run's weights: fine-tuning, or growing a TokenFormer into a larger one.
 
+The file is a Lightning checkpoint of this project, or a timm/DeiT ViT file (a plain state dict, DeiT's
+``{"model": ...}`` release files, timm's training checkpoints, or ``.safetensors``): its tensors are renamed to
+ours (``lit/models/timm_vit.py``), the positions resampled when the image size differs (timm's
+``resample_abs_pos_embed``), and the head left at its fresh init when the class count differs.
+
 Only the weights are taken (``weights_only`` loading, safe for files from elsewhere): optimizer,
 schedule and step start fresh, as the TokenFormer reference does after growth. Resuming an
 interrupted run is a different thing: ``fit --ckpt_path``.
@@ -52,12 +57,75 @@ def load_weights_only(path: Path, what: str = "checkpoint") -> Any:
                              f"is it a complete Lightning checkpoint?)") from exc
 
 
+def timm_vit_state(checkpoint: Any) -> dict[str, torch.Tensor] | None:
+    """The timm ViT state dict inside a loaded file (plain, DeiT's ``model``, timm's ``state_dict``), or None."""
+    if not isinstance(checkpoint, dict):
+        return None
+    for candidate in (checkpoint, checkpoint.get("model"), checkpoint.get("state_dict")):
+        if isinstance(candidate, dict) and "patch_embed.proj.weight" in candidate:
+            return candidate
+    return None
+
+
+def load_timm_vit(module: nn.Module, timm_state: dict[str, torch.Tensor], path: Path) -> None:
+    """Load a timm ViT's weights into ``module.model`` (our ViT with the baseline plugins)."""
+    from lit.models.timm_vit import state_dict_from_timm
+
+    try:
+        ours = state_dict_from_timm(timm_state)
+    except KeyError as exc:
+        raise UserInputError(f"init_from {path}: {exc.args[0]}") from exc
+    vit = module.model
+    notes = []
+    if "pos_embed" in ours and vit.pos_embed is not None and ours["pos_embed"].shape != vit.pos_embed.shape:
+        from timm.layers import resample_abs_pos_embed
+
+        prefix = 1 if vit.cls_token is not None else 0
+        side = int(round((vit.pos_embed.shape[1] - prefix) ** 0.5))
+        before = ours["pos_embed"].shape[1]
+        ours["pos_embed"] = resample_abs_pos_embed(ours["pos_embed"], (side, side), num_prefix_tokens=prefix)
+        notes.append(f"positions resampled from {before} to {vit.pos_embed.shape[1]} tokens")
+    if "head.weight" in ours and ours["head.weight"].shape != vit.head.weight.shape:
+        # Another class count: the new head starts from this model's own init, as timm's reset_classifier does.
+        notes.append(f"head re-initialised for {vit.head.weight.shape[0]} classes "
+                     f"(the file's has {ours['head.weight'].shape[0]})")
+        ours = {k: v for k, v in ours.items() if not k.startswith("head.")}
+    try:
+        missing, unexpected = vit.load_state_dict(ours, strict=False)
+    except RuntimeError as exc:
+        first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc))
+        raise UserInputError(f"init_from {path}: the timm ViT does not have this model's shape: {first} "
+                             f"(set --model.variant, --model.patch_size and --data.image_size to the file's)") from exc
+    missing = [k for k in missing if not k.startswith("head.")]
+    if missing or unexpected:
+        raise UserInputError(f"init_from {path}: the timm ViT and this model differ in {(missing + unexpected)[:3]}: "
+                             f"timm's ViT is the baseline plugins (layernorm, add, linear, gelu, biases, cls pooling, "
+                             f"learned positions)")
+    rank_zero_info(f"Initialised weights from timm ViT {path}" + (f"; {'; '.join(notes)}" if notes else ""))
+
+
 def load_initial_weights(module: nn.Module, path: str | Path, growth: Growth) -> None:
-    """Load the ``state_dict`` of a Lightning checkpoint into ``module`` (a LightningModule), growing where needed."""
+    """Load the ``state_dict`` of a Lightning checkpoint into ``module`` (a LightningModule), growing where needed;
+    or a timm ViT's weights into its ViT."""
     path = Path(path)
     if not path.is_file():
-        raise UserInputError(f"init_from checkpoint not found: {path} (give the path of a .ckpt file)")
-    checkpoint = load_weights_only(path, "init_from checkpoint")
+        raise UserInputError(f"init_from checkpoint not found: {path} (give the path of a .ckpt file, or of a "
+                             f"timm/DeiT ViT .pth or .safetensors file)")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            checkpoint = load_file(str(path))
+        except Exception as exc:
+            raise UserInputError(f"cannot read init_from file {path}: {str(exc).splitlines()[0]}") from exc
+    else:
+        checkpoint = load_weights_only(path, "init_from checkpoint")
+    timm_state = timm_vit_state(checkpoint)
+    if timm_state is not None:
+        if not hasattr(getattr(module, "model", None), "patch"):
+            raise UserInputError(f"init_from {path} is a timm ViT: it starts an image classifier (ViT), not this model")
+        load_timm_vit(module, timm_state, path)
+        return
     state_dict = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if state_dict is None:
         raise UserInputError(f"{path} is not a Lightning checkpoint (it has no state_dict)")

@@ -4,16 +4,23 @@
     <root>/val/<class>/*.JPEG
 
 Augmentation is timm's own (RandAugment, random erasing, bicubic random-resized crop; Mixup/CutMix
-and label smoothing in ``ImageDataModule``); the defaults are DeiT's recipe. Nothing is hand-written.
+and label smoothing in ``ImageDataModule``); the defaults are DeiT's recipe, repeated augmentation (three
+copies of each image per epoch, ``lit/data/resumable.py``) and ``pixel`` random erasing included. Nothing is
+hand-written.
+
+The splits: a minival of ``minival_fraction`` of train (1%, big_vision's ``train[99%:]``), drawn once with a fixed
+seed whatever the run's seed, validates during training and is what sweeps tune on; ImageNet's val folder is the
+test split, which sweeps report on. ``minival_fraction: 0`` validates on the val folder and has no test split.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 from torchvision.datasets import ImageFolder
 
 from lit.data.images import ImageDataModule
@@ -21,6 +28,8 @@ from lit.data.resumable import train_loader
 from lit.errors import UserInputError
 
 QUICKSTART = "recipes/vit_tokenformer_digits.yaml"
+# The minival is the same images in every run, sweep and seed: its draw is not the run's seed.
+MINIVAL_SEED = 0
 
 
 def _classes(folder: Path) -> list[str]:
@@ -37,6 +46,12 @@ class ImageFolderDataModule(ImageDataModule):
         num_workers: decoding processes per DataLoader.
         auto_augment: timm RandAugment/AutoAugment policy string, or None.
         re_prob: random-erasing probability.
+        re_mode: what erased boxes are filled with: ``pixel`` (per-pixel normal noise, DeiT's), ``rand`` (one
+            random colour per box) or ``const`` (zeros, timm's default).
+        repeated_augmentation: copies of each image per epoch, each augmented anew (DeiT: 3; 1: off). An epoch
+            keeps its length in images, so it sees about 1/3 of the images thrice.
+        minival_fraction: fraction of train held out as the validation split (sweeps tune on it); ImageNet's
+            val folder becomes the test split. 0: validate on the val folder, no test split.
         color_jitter: colour jitter strength (timm ignores it when auto_augment is set).
         crop_pct: evaluation centre-crop fraction (resize to image_size / crop_pct, then crop).
         interpolation: resize interpolation.
@@ -44,15 +59,25 @@ class ImageFolderDataModule(ImageDataModule):
     """
 
     def __init__(self, root: str | None = None, image_size: int = 224, batch_size: int = 128, num_workers: int = 8,
-                 auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25, color_jitter: float = 0.3,
+                 auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25,
+                 re_mode: Literal["pixel", "rand", "const"] = "pixel", repeated_augmentation: int = 3,
+                 minival_fraction: float = 0.01, color_jitter: float = 0.3,
                  crop_pct: float = 0.875, interpolation: str = "bicubic", mixup: float = 0.8, cutmix: float = 1.0,
                  mix_prob: float = 1.0, label_smoothing: float = 0.1, seed: int | None = None):
         super().__init__(mixup, cutmix, mix_prob, label_smoothing, seed)
+        if not (isinstance(repeated_augmentation, int) and repeated_augmentation >= 1):
+            raise UserInputError(f"--data.repeated_augmentation is the number of copies of each image per epoch, a "
+                                 f"whole number >= 1 (1: off; DeiT uses 3), got {repeated_augmentation!r}")
+        if not 0 <= minival_fraction < 1:
+            raise UserInputError(f"--data.minival_fraction is the fraction of train held out for validation, in "
+                                 f"[0, 1) (0: validate on val/), got {minival_fraction!r}")
         self.root = self._check_root(root)
         self.num_classes = len(_classes(self.root / "train"))
         self.image_size, self.in_chans = image_size, 3
         self.batch_size, self.num_workers = batch_size, num_workers
-        self.auto_augment, self.re_prob, self.color_jitter = auto_augment, re_prob, color_jitter
+        self.auto_augment, self.re_prob, self.re_mode, self.color_jitter = auto_augment, re_prob, re_mode, color_jitter
+        self.repeated_augmentation, self.minival_fraction = repeated_augmentation, minival_fraction
+        self.has_test_split = minival_fraction > 0
         self.crop_pct, self.interpolation = crop_pct, interpolation
 
     @staticmethod
@@ -75,14 +100,21 @@ class ImageFolderDataModule(ImageDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         train_tf = create_transform(self.image_size, is_training=True, auto_augment=self.auto_augment,
-                                    re_prob=self.re_prob, color_jitter=self.color_jitter,
+                                    re_prob=self.re_prob, re_mode=self.re_mode, color_jitter=self.color_jitter,
                                     interpolation=self.interpolation, mean=IMAGENET_DEFAULT_MEAN,
                                     std=IMAGENET_DEFAULT_STD)
         eval_tf = create_transform(self.image_size, is_training=False, crop_pct=self.crop_pct,
                                    interpolation=self.interpolation, mean=IMAGENET_DEFAULT_MEAN,
                                    std=IMAGENET_DEFAULT_STD)
-        self.train_set = ImageFolder(str(self.root / "train"), transform=train_tf)
-        self.val_set = ImageFolder(str(self.root / "val"), transform=eval_tf)
+        train = ImageFolder(str(self.root / "train"), transform=train_tf)
+        if not self.has_test_split:
+            self.train_set, self.val_set = train, ImageFolder(str(self.root / "val"), transform=eval_tf)
+            return
+        held, kept = minival_split(len(train), self.minival_fraction)
+        # The same files as the minival, with the evaluation transform (the train transform augments).
+        self.train_set = Subset(train, kept)
+        self.val_set = Subset(ImageFolder(str(self.root / "train"), transform=eval_tf), held)
+        self.test_set = ImageFolder(str(self.root / "val"), transform=eval_tf)
 
     def _loader_options(self) -> dict:
         return dict(num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
@@ -91,10 +123,24 @@ class ImageFolderDataModule(ImageDataModule):
     def train_dataloader(self) -> DataLoader:
         # Full batches in training (batch mixing pairs images), unless the whole set is one small batch.
         drop_last = len(self.train_set) >= self.batch_size
-        return train_loader(self, self.train_set, self.batch_size, drop_last=drop_last, **self._loader_options())
+        return train_loader(self, self.train_set, self.batch_size, drop_last=drop_last,
+                            repeats=self.repeated_augmentation, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, **self._loader_options())
 
     def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+        if not self.has_test_split:
+            raise UserInputError("--data.minival_fraction is 0: val/ is the validation split and there is no test "
+                                 "split; validate instead, or hold out a minival (e.g. --data.minival_fraction=0.01)")
+        return DataLoader(self.test_set, batch_size=self.batch_size, **self._loader_options())
+
+
+def minival_split(n: int, fraction: float) -> tuple[list[int], list[int]]:
+    """(held out, kept): ``round(fraction * n)`` of train's ``n`` images (at least one), drawn with ``MINIVAL_SEED``."""
+    held_count = max(1, round(fraction * n))
+    if held_count >= n:
+        raise UserInputError(f"--data.minival_fraction={fraction} holds out all {n} training images; use a smaller "
+                             f"fraction or more images")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(MINIVAL_SEED)).tolist()
+    return sorted(order[:held_count]), sorted(order[held_count:])

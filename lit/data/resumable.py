@@ -13,6 +13,13 @@ one batch is already prefetched, so it would skip one batch too many.
 
 The sampler is a ``DistributedSampler``, so Lightning leaves it alone under DDP and FSDP2 instead of
 wrapping it in its own (which would split every rank's share again).
+
+Repeated augmentation (DeiT's default, Hoffer et al. 2020) lives in the same global order: each image of the
+epoch's permutation appears ``repeats`` times in a row, and the order is cut back to the dataset's length, so an
+epoch keeps its number of steps and sees about 1/``repeats`` of the images, each ``repeats`` times under fresh
+augmentations (the transform draws anew at every load). timm's ``RepeatAugSampler`` deals the copies to
+different ranks; here they usually share a rank's slice, which leaves the global batch, and so the averaged
+gradient, the same whatever the world size.
 """
 
 from __future__ import annotations
@@ -37,13 +44,16 @@ class ResumableSampler(DistributedSampler):
         seed: base of the per-epoch permutation; the same on every rank.
         drop_last: drop the last incomplete global batch; otherwise it is padded (with samples from the
             start of the order) to a multiple of the world size, so every rank steps the same number of times.
+        repeats: copies of each image in a row (repeated augmentation; 1: off). Only with ``shuffle``.
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int = 1, rank: int = 0,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = True):
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, repeats: int = 1):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
                          drop_last=drop_last)
-        self.batch_size = batch_size
+        if not (isinstance(repeats, int) and repeats >= 1):
+            raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
+        self.batch_size, self.repeats = batch_size, repeats
         self._skip_batches = 0
         global_batch = batch_size * num_replicas
         n = len(dataset)
@@ -58,7 +68,9 @@ class ResumableSampler(DistributedSampler):
         n = len(self.dataset)
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(n, generator=generator).tolist()
+            permutation = torch.randperm(n, generator=generator)
+            # The epoch's first ceil(n / repeats) images, each ``repeats`` times in a row: still n samples.
+            order = permutation.repeat_interleave(self.repeats)[:n].tolist()
         else:
             order = list(range(n))
         while len(order) < self.total_size:  # padding (drop_last=False); a tiny set may need several rounds
@@ -97,12 +109,14 @@ def batches_done_this_epoch(trainer) -> int:
     return trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
 
-def train_loader(datamodule, dataset: Dataset, batch_size: int, drop_last: bool = True, **loader_kwargs) -> DataLoader:
-    """The training DataLoader of a DataModule: this rank's share of the order, resumed mid-epoch if needed."""
+def train_loader(datamodule, dataset: Dataset, batch_size: int, drop_last: bool = True, repeats: int = 1,
+                 **loader_kwargs) -> DataLoader:
+    """The training DataLoader of a DataModule: this rank's share of the order (each image ``repeats`` times in
+    a row: repeated augmentation), resumed mid-epoch if needed."""
     trainer = getattr(datamodule, "trainer", None)
     world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
     seed = training_seed(datamodule)
-    sampler = ResumableSampler(dataset, batch_size, world, rank, seed=seed, drop_last=drop_last)
+    sampler = ResumableSampler(dataset, batch_size, world, rank, seed=seed, drop_last=drop_last, repeats=repeats)
     # Lightning warns that a mid-epoch resume loses the data position unless the DataLoader is stateful;
     # this one resumes through its sampler, so the warning would be wrong.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
