@@ -16,9 +16,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 # Imported so that recipes may name these classes by short name.
-import lit.data  # noqa: F401
+import lit.data.digits  # noqa: F401
+import lit.data.imagenet  # noqa: F401
+import lit.data.text  # noqa: F401
 import lit.image_classifier  # noqa: F401
 import lit.language_model  # noqa: F401
+from lit.checkpoint_writing import install as install_whole_checkpoint_writer
 from lit.checkpoints import check_fits, checkpoint_shapes
 from lit.errors import UserInputError, report
 from lit.preemption import Interrupted, PreemptionCheckpoints
@@ -68,6 +71,7 @@ class ArchLabCLI(LightningCLI):
         # default of --trainer.callbacks, which a user's own list of callbacks would replace.
         if not any(isinstance(c, MLflowRun) for c in trainer.callbacks):
             trainer.callbacks.insert(0, MLflowRun())
+        install_whole_checkpoint_writer(trainer)  # a full disk never leaves a truncated file under a checkpoint's name
         return trainer
 
     def _parse_ckpt_path(self) -> None:

@@ -24,6 +24,11 @@ class ArchitectureError(UserInputError, ValueError):
     may expect; through the CLI it is one ``error:`` line like any other user error."""
 
 
+class StorageFullError(UserInputError):
+    """The disk or the quota filled while a file was written (a checkpoint); the message names what is intact and
+    how to go on. The user fixes it by freeing space, so it is reported like bad input: one line, exit code 2."""
+
+
 USER_ERRORS = (PluginError, UserInputError)
 
 

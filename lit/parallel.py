@@ -6,8 +6,10 @@ Model code stays single-device. ``ArchitectureTask.configure_model`` (lit/task.p
 1. activation checkpointing (``checkpoint_blocks``): a block's activations are recomputed in backward;
 2. ``torch.compile`` (``compile_blocks``): each block is compiled on its own;
 3. FSDP2 (``shard``), when the strategy provides a device mesh: each block becomes one ``fully_shard``
-   unit (its parameters are all-gathered for its forward and backward, then freed); the root unit
-   holds the rest (embeddings, head, model-level sites). Parameters become DTensors sharded on dim 0;
+   unit (its parameters are all-gathered for its forward and backward, then freed; the last block's stay
+   gathered between its forward and backward), the embedding another, and the readout (final norm site, head,
+   logits site) another, kept gathered after forward; the root unit holds the rest (positions, the embedding
+   site, a stream's begin and end; a tied embedding and head). Parameters become DTensors sharded on dim 0;
    weight constraints declared on modules survive (they are plain attributes), so the unit-norm
    renormalisation works on the shards.
 
@@ -48,6 +50,8 @@ def _recomputed(forward):
     def run(h: torch.Tensor, history: ResidualHistory, rope) -> torch.Tensor:
         if not torch.is_grad_enabled():
             return forward(h, history, rope)
+        if not history.recording:  # nothing looks back: the block's input is all a recomputation needs
+            return checkpoint(forward, h, history, rope, use_reentrant=False)
         # A block appends to the shared history and residuals may read it (LAUREL-PA looks back). Recomputing
         # on the live history would read entries of later blocks, so the block runs (and reruns) on a copy of
         # the history as it was when the block started, and its new entries are handed back.
@@ -96,10 +100,35 @@ def shard(model: nn.Module, device_mesh, precision: str | None = None) -> nn.Mod
     mesh = device_mesh[DATA_PARALLEL] if DATA_PARALLEL in names else device_mesh
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if precision == "bf16-mixed" else MixedPrecisionPolicy())
-    for block in blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+    model_blocks = blocks(model)
+    for index, block in enumerate(model_blocks):
+        # Backward starts with the last block: freeing its weights after forward only to gather them again at
+        # once would cost an all-gather for nothing (torchtitan keeps it gathered too).
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < len(model_blocks) - 1)
+    for modules, reshard_after_forward in edge_units(model):
+        fully_shard(modules, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def edge_units(model: nn.Module) -> list[tuple[list[nn.Module], bool]]:
+    """The FSDP2 units besides the blocks, as (modules, reshard after forward): the embedding, and the readout
+    (final norm site, head, logits site) as one unit kept gathered after forward, since backward begins there.
+
+    Units of their own let the embedding's and the head's all-gather and reduce-scatter overlap with the blocks'
+    compute; in the root (the rest: positions, the embedding site, a stream's begin and end) they could not, and
+    at a vocabulary of 50k they are half the parameters. A head tied to the embedding is one parameter used at
+    both ends: it stays in the root with the embedding.
+    """
+    head, stack = getattr(model, "head", None), getattr(model, "stack", None)
+    embedding = next((getattr(model, name) for name in ("tok", "patch") if isinstance(getattr(model, name, None),
+                                                                                      nn.Module)), None)
+    if head is None or stack is None or embedding is None:
+        return []
+    if any(p is q for p in head.parameters() for q in embedding.parameters()):  # tied
+        return []
+    readout = [m for m in (getattr(stack, "final", None), head, getattr(model, "logits", None)) if m is not None]
+    return [([embedding], True), (readout, False)]
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -123,3 +152,12 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
+        # Shards go to a hidden folder renamed into place once whole (lit/checkpoint_writing.py); a full file goes
+        # through the strategy's checkpoint writer, which does the same for one file.
+        if self._save_distributed_checkpoint and storage_options is None:
+            from lit.checkpoint_writing import save_sharded_whole
+
+            return save_sharded_whole(self, checkpoint, filepath)
+        return super().save_checkpoint(checkpoint, filepath, storage_options)
