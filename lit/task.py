@@ -174,7 +174,13 @@ class ArchitectureTask(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         self._schedule_total_steps = int(self.trainer.estimated_stepping_batches)
-        return configure(self, optimizer=hp.get("optimizer", "adamw"), optimizer_options=hp.get("optimizer_options"),
+        optimizer, options = hp.get("optimizer", "adamw"), hp.get("optimizer_options")
+        if (optimizer == "adamw" and "fused" not in (options or {}) and str(self.trainer.precision) == "16-mixed"
+                and (self.trainer.gradient_clip_val or 0) > 0):
+            # fp16's gradient scaler cannot unscale before clipping when the fused step unscales by itself
+            # (Lightning refuses the pair); the foreach step is the one to clip for.
+            options = {**(options or {}), "fused": False}
+        return configure(self, optimizer=optimizer, optimizer_options=options,
                          lr=hp.lr, weight_decay=hp.weight_decay, betas=hp.betas, warmup_steps=hp.warmup_steps,
                          min_lr_ratio=hp.min_lr_ratio, schedule=hp.get("schedule", "cosine"),
                          schedule_options=hp.get("schedule_options"))

@@ -187,6 +187,23 @@ def test_a_nan_loss_stops_the_run_with_one_line_and_keeps_the_last_good_checkpoi
     assert all(torch.isfinite(t).all() for t in kept["state_dict"].values())
 
 
+def test_a_nan_loss_between_log_steps_stops_at_the_next_one_before_its_metrics_are_logged(workdir_with_store, capsys):
+    # The loss is read at log steps (every 5 here) and before checkpoints, not at every step (tests/test_syncs.py).
+    poison = f"--trainer.callbacks=[{fault('PoisonWeightsAtStep', 7)}]"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", BASELINE, *TINY_LM, "--trainer.max_steps=30", "--trainer.val_check_interval=null",
+              "--trainer.limit_val_batches=0", "--trainer.log_every_n_steps=5", poison])
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "training loss is nan at step 7 (found at step 9:" in errors[0], errors
+    assert "No checkpoint was written before it" in errors[0]
+    client = mlflow.MlflowClient(f"sqlite:///{workdir_with_store}/mlflow.db")
+    run = client.search_runs([e.experiment_id for e in client.search_experiments()])[0]
+    losses = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [m.step for m in losses] == [4] and all(math.isfinite(m.value) for m in losses)
+    assert not list(workdir_with_store.glob("runs/*/*/checkpoints/*.ckpt"))
+
+
 def test_a_nan_loss_on_one_rank_stops_every_rank(tmp_path):
     # Rank 1 alone sees a NaN loss at step 2; a rank 0 that went on would wait for rank 1 forever.
     proc = run([*fit_command(small_corpus(tmp_path), f"--trainer.callbacks=[{fault('PoisonWeightsAtStep', 2, rank=1)}]",

@@ -32,15 +32,21 @@ class AdamWOptimizer(OptimizerType):
         role_betas: Adam betas of a role or kind where they differ from ``--model.betas``, e.g.
             ``{embedding: [0.8, 0.95], head: [0.8, 0.95]}``.
         eps: Adam's epsilon.
+        fused: use torch's fused AdamW kernel (one launch per step for all parameters of a group, no step counter
+            on the host: nanoGPT's and torchtitan's choice on GPUs). None: fused where every parameter is on a CUDA
+            device, torch's default elsewhere (on a CPU the update, and so every result, is the one it always was).
+            Set false under ``--trainer.precision=16-mixed`` with gradient clipping (Lightning cannot clip before a
+            step that unscales fp16 gradients itself; the task does this for you).
     """
 
     def __init__(self, lr_multipliers: dict[str, float] | None = None,
                  wd_multipliers: dict[str, float] | None = None,
-                 role_betas: dict[str, list[float]] | None = None, eps: float = 1e-8):
+                 role_betas: dict[str, list[float]] | None = None, eps: float = 1e-8, fused: bool | None = None):
         self.lr_multipliers = check_multipliers("lr_multipliers", lr_multipliers)
         self.wd_multipliers = check_multipliers("wd_multipliers", wd_multipliers)
         self.role_betas = check_betas(role_betas)
         self.eps = float(eps)
+        self.fused = fused
 
     def build(self, model: nn.Module, *, lr: float, weight_decay: float,
               betas: tuple[float, float]) -> torch.optim.AdamW:
@@ -51,4 +57,12 @@ class AdamWOptimizer(OptimizerType):
         groups = param_groups([(p.param, {"lr": lr * m, "lr_ratio": m, "weight_decay": weight_decay * w,
                                           **own_betas(self.role_betas, p), **own_eps(self.eps, declared)})
                                for p, m, w, declared in found])
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=self.eps)
+        fused = self.fused if self.fused is not None else on_cuda(model)
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=self.eps, **({"fused": True} if fused else {}))
+
+
+def on_cuda(model: nn.Module) -> bool:
+    """Whether every parameter lives on a CUDA device (FSDP2's DTensors report their local device): where torch's
+    fused AdamW kernel runs."""
+    params = list(model.parameters())
+    return bool(params) and all(p.device.type == "cuda" for p in params)

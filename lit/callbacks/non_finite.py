@@ -93,7 +93,7 @@ class StopOnNonFiniteLoss(L.Callback):
         value = self._bad_value.item() if mine == step and self._bad_value is not None else math.nan
         what = value if mine == step else "non-finite on another process"
         raise NonFiniteLossError(
-            f"training loss is {what} at step {step} (found at step {trainer.global_step}: the loss is read every "
+            f"training loss is {what} at step {step} (found at step {self._step}: the loss is read every "
             f"{check_interval(trainer)} steps and before every checkpoint); nothing was saved from it. "
             f"{last_good_checkpoint(trainer)}. Lower --model.lr, raise the warmup or set --trainer.gradient_clip_val, "
             f"then resume with --ckpt_path", step)

@@ -1,0 +1,100 @@
+"""No step that logs nothing makes the host wait for the device: counted through the real `fit` path.
+
+Each test runs ``cli.py fit`` on a recipe made tiny, with ``tests/sync_counter.py``'s callback counting, per optimizer
+step, every device -> host read of a value derived from the model or the batch, every host value sent to the
+device, and every collective (see its docstring for the rule that tells a device tensor on a CPU). The steps
+allowed to have any are computed here from the run's settings, not asked of the code under test:
+
+- log steps (Lightning writes the logged metrics at the end of step s when (s + 1) % log_every_n_steps == 0),
+- diagnostics records (s % interval == 0, including step 0),
+- validation (after step s when (s + 1) % val_check_interval == 0), with the checkpoint that follows it,
+- the last step (training ends: final checks, the final diagnostics record).
+
+Every other step must have none, whatever the micro-batches (gradient accumulation), the progress bar or the
+number of processes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from lit.cli import main
+from tests.conftest import REPO, subprocess_env
+
+BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
+TINY = ["--model.arch.d_model=32", "--model.arch.n_layers=2", "--model.arch.n_heads=2", "--data.block_size=32",
+        "--data.batch_size=4", "--trainer.enable_model_summary=false"]
+STEPS, LOG_EVERY, VAL_EVERY, DIAG_EVERY = 24, 10, 12, 100  # the recipe logs every 10 and diagnoses every 100
+
+
+def counting(out: Path) -> str:
+    return f"--trainer.callbacks=[{{class_path: tests.sync_counter.CountSyncs, init_args: {{out: {out}}}}}]"
+
+
+def fit_args(out: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", BASELINE, *TINY, f"--trainer.max_steps={STEPS}",
+            f"--trainer.val_check_interval={VAL_EVERY}", "--trainer.limit_val_batches=2", counting(out), *extra]
+
+
+def allowed(step: int) -> bool:
+    return ((step + 1) % LOG_EVERY == 0 or step % DIAG_EVERY == 0 or (step + 1) % VAL_EVERY == 0
+            or step == STEPS - 1)
+
+
+def per_step(events: list[dict]) -> dict[int, Counter]:
+    steps: dict[int, Counter] = {}
+    for e in events:
+        steps.setdefault(e["step"], Counter())[f"{e['kind']} at {e['site']}"] += 1
+    return steps
+
+
+def assert_quiet_between_logs(events: list[dict], micro_batches: int = 1) -> None:
+    steps = per_step(events)
+    noisy = {s: dict(c) for s, c in steps.items() if not allowed(s)}
+    assert not noisy, f"host-device syncs on steps that log nothing: {noisy}"
+    # The counter saw the run: every step ran its micro-batches, and the log steps do read the device.
+    micro = {(e["step"], e["micro"]) for e in events}
+    assert max(m for _, m in micro) < micro_batches
+    assert any(s for s in steps if (s + 1) % LOG_EVERY == 0), steps.keys()
+
+
+@pytest.mark.parametrize("extra, micro_batches", [
+    pytest.param([], 1, id="recipe_defaults"),  # progress bar on, diagnostics every 100, clipping 1.0
+    pytest.param(["--trainer.enable_progress_bar=false", "--model.random_numbers=by_name",
+                  "--trainer.accumulate_grad_batches=4", "--trainer.gradient_clip_val=null"], 4,
+                 id="sweep_settings_accumulate_4"),
+])
+def test_no_sync_on_a_step_that_logs_nothing(workdir_with_store, extra, micro_batches):
+    out = workdir_with_store / "syncs.json"
+    main(fit_args(out, *extra))
+    assert_quiet_between_logs(json.loads(out.read_text()), micro_batches)
+
+
+@pytest.mark.slow
+def test_no_sync_with_eight_micro_batches_in_bf16(workdir_with_store):
+    # gpt_fineweb_track3's shape of step: 8 micro-batches, bf16 autocast, no clipping.
+    out = workdir_with_store / "syncs.json"
+    main(fit_args(out, "--trainer.enable_progress_bar=false", "--trainer.accumulate_grad_batches=8",
+                  "--trainer.precision=bf16-mixed", "--trainer.gradient_clip_val=null"))
+    assert_quiet_between_logs(json.loads(out.read_text()), 8)
+
+
+def test_no_sync_or_collective_on_a_step_that_logs_nothing_with_two_processes(tmp_path, empty_store):
+    out = tmp_path / "syncs.json"
+    (tmp_path / "mlflow.db").write_bytes(empty_store.read_bytes())
+    proc = subprocess.run([sys.executable, str(REPO / "cli.py"), *fit_args(out, "--trainer.enable_progress_bar=false"),
+                           "--config", str(REPO / "recipes" / "trainer" / "ddp.yaml"), "--trainer.devices=2",
+                           "--trainer.accelerator=cpu"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env=subprocess_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for path in (out, Path(f"{out}.rank1")):
+        events = json.loads(path.read_text())
+        assert_quiet_between_logs(events)
+        # The processes do agree, at log steps: the non-finite flag and the preemption decision.
+        assert any(e["kind"].startswith("collective") and (e["step"] + 1) % LOG_EVERY == 0 for e in events)
