@@ -220,13 +220,38 @@ class ResidualStream(nn.Module):
         return h
 
 
+class _NotRecorded:
+    """What a history that is not recorded holds instead of its lists: any read says how to get a recorded one
+    (a residual reading entries that were never kept would otherwise fail far from the cause, or read nothing)."""
+
+    def __init__(self, field: str):
+        self.field = field
+
+    def _refuse(self, *args, **kwargs):
+        from arch_plugins.registry import PluginError  # the registry imports this module
+
+        raise PluginError(f"the residual history's {self.field} were not kept in this forward pass: the stack keeps "
+                          f"them only when the residual type's reads_history(stack) returns True (or a probe asks "
+                          f"for them); a residual whose merge or stream reads the history must say so there")
+
+    __getitem__ = __len__ = __iter__ = __bool__ = append = _refuse
+
+
 class ResidualHistory:
     """Everything earlier layers produced in this forward pass, for residuals that look back.
 
     ``states[0]`` is the stream entering the first block; after that one entry per sublayer, in
     order (attn of block 0, mlp of block 0, attn of block 1, ...). ``branches`` holds each
     sublayer's output after its ``*_out`` site, aligned with ``states[1:]``; ``block_inputs`` holds
-    the stream entering each block. Keeping references costs nothing: autograd holds them anyway.
+    the stream entering each block.
+
+    Recorded (``recording``) only when something reads it: the residual type says so
+    (``ResidualType.reads_history``), or a diagnostics probe asks the stack. Otherwise the lists are not
+    kept, because keeping them is not free: each entry holds a (B, T, d) tensor alive until the forward
+    pass ends that autograd would have freed or never saved (a branch is not saved by the add that consumes
+    it), so a recorded history raises peak activation memory, and under activation checkpointing it keeps
+    every sublayer's output alive instead of each block's input alone. A history that is not recorded
+    refuses to be read (``PluginError``), so an undeclared reader fails at once.
 
     One object shared by every block of a forward pass, which each block appends to. Deliberately a plain
     class, not a dataclass or a container: wrappers that rebuild a module's arguments (FSDP2 casting
@@ -235,10 +260,15 @@ class ResidualHistory:
     """
 
     def __init__(self, states: list[torch.Tensor] | None = None, branches: list[torch.Tensor] | None = None,
-                 block_inputs: list[torch.Tensor] | None = None):
-        self.states = states if states is not None else []
-        self.branches = branches if branches is not None else []
-        self.block_inputs = block_inputs if block_inputs is not None else []
+                 block_inputs: list[torch.Tensor] | None = None, *, recording: bool = True):
+        self.recording = recording
+        if recording:
+            self.states = states if states is not None else []
+            self.branches = branches if branches is not None else []
+            self.block_inputs = block_inputs if block_inputs is not None else []
+        else:
+            self.states, self.branches, self.block_inputs = (
+                _NotRecorded(field) for field in ("states", "branches", "block_inputs"))
 
 
 class ResidualType:
@@ -250,6 +280,12 @@ class ResidualType:
     def stream(self, stack: StackInfo) -> ResidualStream | None:
         """Stream-level state, or None when the stream is a single tensor passed through."""
         return None
+
+    def reads_history(self, stack: StackInfo) -> bool:
+        """Whether this residual's merges or stream read the ``ResidualHistory`` (earlier states, branches or
+        block inputs). False (default): the stack does not record the history, which frees memory (see
+        ``ResidualHistory``); the history the merges are handed then refuses to be read."""
+        return False
 
     def depth_scaling_conflict(self, stack: StackInfo) -> str | None:
         """What of this residual a branch multiplier does not depth-scale, for a depth parametrization (CompleteP:

@@ -267,6 +267,13 @@ class RecordingResidual(ResidualType):
     def merge(self, sublayer, layer, stack):
         return GatedMerge(CALLS)
 
+    def reads_history(self, stack):
+        return True
+
+
+class UndeclaredReader(RecordingResidual):
+    reads_history = ResidualType.reads_history  # reads the history without saying so
+
 
 def test_residual_merges_see_the_history(plugin):
     plugin("residual", "recording", RecordingResidual)
@@ -274,6 +281,16 @@ def test_residual_merges_see_the_history(plugin):
     GPT(40, 8, tiny(residual="recording", n_layers=3))(torch.randint(0, 40, (1, 8)))
     # Before merge k (0-based) the history holds the embedding plus k states, k branches, and the blocks entered.
     assert CALLS == [(1 + k, k, k // 2 + 1) for k in range(6)]
+
+
+def test_a_residual_that_reads_an_unrecorded_history_is_told_to_declare_it(plugin):
+    # The stack records the history only for residuals that declare they read it (it costs activation memory).
+    plugin("residual", "undeclared", UndeclaredReader)
+    model = GPT(40, 8, tiny(residual="undeclared", n_layers=2))
+    with pytest.raises(registry.PluginError, match="reads_history"):
+        model(torch.randint(0, 40, (1, 8)))
+    with model.stack.recording_history():  # what a probe does: then the history is there
+        model(torch.randint(0, 40, (1, 8)))
 
 
 class FFNProjection(ProjectionType):

@@ -154,6 +154,9 @@ class AttentionResiduals(ResidualType):
             return self.block_size
         return 2 * math.ceil(stack.num_layers / 8)
 
+    def reads_history(self, stack: StackInfo) -> bool:
+        return True  # every sublayer attends over the embedding and the completed blocks' sums
+
     def merge(self, sublayer: str, layer: int, stack: StackInfo) -> AttnResMerge:
         index = 2 * layer + (0 if sublayer == "attn" else 1)
         return AttnResMerge(stack.d_model, index, self.sublayers_per_block(stack), key_norm=self.key_norm,

@@ -187,6 +187,10 @@ class LaurelResidual(ResidualType):
         return (f"LAUREL's {' and '.join(terms)}, added to the stream beside the branch at every layer: "
                 f"use residual laurel_rw or add")
 
+    def reads_history(self, stack: StackInfo) -> bool:
+        # Block placement reads the stream entering the block (x_i); PA reads the earlier ones.
+        return self.placement == "block" or self.previous is not None
+
     def merge(self, sublayer: str, layer: int, stack: StackInfo) -> ResidualMerge:
         wraps_block = self.placement == "block"
         if wraps_block and sublayer == "attn":

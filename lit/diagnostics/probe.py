@@ -12,7 +12,7 @@ How it stays out of the way of training:
   checkpointing does nothing without gradients. FSDP2 gathers each block's weights as in training, so every
   rank must run the probe together.
 - Nothing is attached in between probes. For the probe's duration only: one forward hook on the first block
-  reads the ``ResidualHistory`` (the stack fills it with every state and branch anyway), one on the stack
+  reads the ``ResidualHistory`` (the stack records it for the probe's forward), one on the stack
   reads its output (the ``final`` site), and each ``Attention.inspect`` is set to compute the statistics from
   the very q, k and scale the attention uses (plugins' RoPE, q/k norm and softmax scale applied; SDPA never
   materialises probabilities, so an explicit softmax is computed here, in query chunks).
@@ -100,7 +100,8 @@ def probe(module: nn.Module, inputs: torch.Tensor, *, stream: bool, attention: b
     handles = []
     attentions: list[tuple[int, Attention]] = []
     stats: dict[str, torch.Tensor] = {}
-    if stack is not None and (stream or outliers or contribution) and len(stack.blocks):
+    reads_history = stack is not None and (stream or outliers or contribution) and len(stack.blocks) > 0
+    if reads_history:
         def read_history(block, args, kwargs, output):
             captured["history"] = args[1] if len(args) > 1 else kwargs["history"]
 
@@ -122,7 +123,9 @@ def probe(module: nn.Module, inputs: torch.Tensor, *, stream: bool, attention: b
     modes = {m: m.training for m in module.modules()}
     try:
         module.eval()
-        with _eager(), precision_context():
+        # The stack records its residual history only where something reads it: the probe does, through the hook.
+        recording = stack.recording_history() if reads_history else contextlib.nullcontext()
+        with _eager(), precision_context(), recording:
             logits = module(inputs)
     finally:
         for handle in handles:

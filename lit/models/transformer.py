@@ -9,6 +9,7 @@ component never edits this file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -279,7 +280,9 @@ class Block(nn.Module):
         self.mlp_fused = fusable and self.mlp_merge.fuse(self.mlp_out, self.mlp_after_add)
 
     def forward(self, h: torch.Tensor, history: ResidualHistory, rope: RotaryEmbedding | None) -> torch.Tensor:
-        history.block_inputs.append(h)
+        recording = history.recording
+        if recording:
+            history.block_inputs.append(h)
         x = self.attn_merge.branch_input(h, history)
         y = self.drop(self.attn(self.attn_in(x), rope))
         if self.attn_fused:
@@ -289,8 +292,9 @@ class Block(nn.Module):
             if self.branch_multiplier is not None:
                 y = y * self.branch_multiplier
             h = self.attn_after_add(self.attn_merge(h, y, history))
-        history.states.append(h)
-        history.branches.append(y)
+        if recording:
+            history.states.append(h)
+            history.branches.append(y)
 
         x = self.mlp_merge.branch_input(h, history)
         y = self.drop(self.mlp(self.mlp_in(x)))
@@ -301,8 +305,9 @@ class Block(nn.Module):
             if self.branch_multiplier is not None:
                 y = y * self.branch_multiplier
             h = self.mlp_after_add(self.mlp_merge(h, y, history))
-        history.states.append(h)
-        history.branches.append(y)
+        if recording:
+            history.states.append(h)
+            history.branches.append(y)
         return h
 
 
@@ -333,10 +338,26 @@ class TransformerStack(nn.Module):
         self.stream = self.plugins.residual.stream(self.info)
         self.blocks = nn.ModuleList(Block(cfg, self.info, i, self.plugins) for i in range(cfg.n_layers))
         self.final = _site(norm, Site.FINAL, cfg.d_model, None, self.info)
+        # The residual history is recorded only where it is read (see ResidualHistory): by the residual type,
+        # or, while it runs, by a diagnostics probe (``recording_history``).
+        self.residual_reads_history = self.plugins.residual.reads_history(self.info)
+        self.history_wanted = False
+
+    @contextlib.contextmanager
+    def recording_history(self):
+        """Record the residual history in the forward passes run inside (for a probe that reads it)."""
+        wanted, self.history_wanted = self.history_wanted, True
+        try:
+            yield
+        finally:
+            self.history_wanted = wanted
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embedding(x)
-        history = ResidualHistory(states=[x])
+        if self.residual_reads_history or self.history_wanted:
+            history = ResidualHistory(states=[x])
+        else:
+            history = ResidualHistory(recording=False)
         h = self.stream.begin(x, history) if self.stream is not None else x
         for block in self.blocks:
             h = block(h, history, self.rope)
