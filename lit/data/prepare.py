@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from lit.data.documents import PIECE_CHARS, TEXT_UNITS, Corpus
-from lit.data.shards import ShardWriter
+from lit.data.shard_format import ShardWriter
 from lit.data.token_bytes import file_sha256, load_tokenizer
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 

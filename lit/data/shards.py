@@ -20,80 +20,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from lit.data.shard_format import HEADER_INTS, MAGIC, VERSION_DTYPES, ShardWriter, open_shard, write_shard
 from lit.errors import UserInputError
 
-MAGIC = 20240520
-HEADER_INTS = 256
-VERSION_DTYPES = {1: np.uint16, 2: np.uint32}
-
-
-def write_shard(path: str | Path, tokens: np.ndarray, dtype: type = np.uint16) -> None:
-    """Write one shard in the llm.c layout (the one ``prepare`` produces)."""
-    version = {np.uint16: 1, np.uint32: 2}[dtype]
-    header = np.zeros(HEADER_INTS, dtype=np.int32)
-    header[:3] = (MAGIC, version, len(tokens))
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype=dtype).tobytes())
-
-
-class ShardWriter:
-    """Writes one split's token stream as llm.c shards of ``shard_tokens`` tokens, each file appended to as
-    tokens arrive and its header's count filled in when it closes, so memory does not grow with the corpus.
-
-    Shards are ``<name>_<split>_NNNNNN.bin`` from 000000; ``shards`` lists each closed file and its token count.
-    """
-
-    def __init__(self, directory: Path, name: str, split: str, dtype: type, shard_tokens: int):
-        self.directory, self.name, self.split = Path(directory), name, split
-        self.dtype, self.shard_tokens = dtype, shard_tokens
-        self.version = {np.uint16: 1, np.uint32: 2}[dtype]
-        self.shards: list[dict] = []
-        self._file, self._in_file = None, 0
-
-    @property
-    def tokens(self) -> int:
-        return sum(s["tokens"] for s in self.shards) + self._in_file
-
-    def append(self, tokens: np.ndarray) -> None:
-        tokens = np.asarray(tokens, dtype=self.dtype)
-        while len(tokens):
-            if self._file is None:
-                self._open()
-            room = self.shard_tokens - self._in_file
-            self._file.write(tokens[:room].tobytes())
-            self._in_file += min(room, len(tokens))
-            tokens = tokens[room:]
-            if self._in_file == self.shard_tokens:
-                self._close_shard()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._close_shard()
-
-    def _open(self) -> None:
-        path = self.directory / f"{self.name}_{self.split}_{len(self.shards):06d}.bin"
-        self._file, self._in_file = open(path, "wb"), 0
-        self._file.write(np.zeros(HEADER_INTS, dtype=np.int32).tobytes())  # the count is known at close
-
-    def _close_shard(self) -> None:
-        header = np.zeros(HEADER_INTS, dtype=np.int32)
-        header[:3] = (MAGIC, self.version, self._in_file)
-        self._file.seek(0)
-        self._file.write(header.tobytes())
-        self._file.close()
-        self.shards.append({"file": Path(self._file.name).name, "tokens": self._in_file})
-        self._file, self._in_file = None, 0
-
-
-def open_shard(path: Path, default_dtype: str = "uint16") -> np.memmap:
-    header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
-    if len(header) == HEADER_INTS and header[0] == MAGIC:
-        version, n = int(header[1]), int(header[2])
-        if version not in VERSION_DTYPES:
-            raise UserInputError(f"shard {path} has unknown llm.c version {version}; expected 1 (uint16) or 2 (uint32)")
-        return np.memmap(path, dtype=VERSION_DTYPES[version], mode="r", offset=HEADER_INTS * 4, shape=(n,))
-    return np.memmap(path, dtype=np.dtype(default_dtype), mode="r")
+__all__ = ["HEADER_INTS", "MAGIC", "VERSION_DTYPES", "ShardWriter", "TokenWindows", "find_shards", "open_shard",
+           "read_meta", "write_shard"]
 
 
 def read_meta(directory: Path) -> dict:
