@@ -1,12 +1,14 @@
-"""Runs a sweep's children on this machine, ``parallel`` at a time, each in a process forked from this one.
+"""Runs a sweep's children on this machine, ``parallel`` at a time, in long-lived workers forked from this one.
 
-Forking a process that has already imported torch, Lightning and MLflow starts a child in milliseconds;
-a fresh interpreter per run would spend seconds importing them (``cli.py plugins``' 8 s on 2 cores is
-mostly that), more than 10% of a short run. Each fork is still a process of its own, so no state of one
-run leaks into the next (random generators, MLflow's active run, torch's thread count).
+Forking a process that has already imported torch, Lightning and MLflow starts a worker in milliseconds; a
+fresh interpreter per run would spend seconds importing them. A worker (``lit/sweep/worker.py``) then runs
+children one after another, so what every run paid once more in a process of its own (Lightning's and
+jsonargparse's first-use work, the first MLflow connection, a CUDA context) is paid once per slot. Runs stay
+apart: each has its log, what a run changes in the process is put back, and a run that ends in anything but
+an outcome (a crash, an interrupt, a killed process) ends its worker; the next run gets a fresh fork.
 
 What makes the fork safe: this process never computes with torch (it only tracks and forks), so no
-OpenMP thread pool exists to be copied half-alive; and each child drops the database connections it
+OpenMP thread pool exists to be copied half-alive; and each worker drops the database connections it
 inherited from MLflow's engine pool (``dispose(close=False)``, SQLAlchemy's rule for forked processes)
 before it opens its own.
 """
@@ -14,16 +16,17 @@ before it opens its own.
 from __future__ import annotations
 
 import os
+import select
 import signal
-import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from lit.sweep.child import ALL_DIVERGED_EXIT, DIVERGED_EXIT, OWNED_ELSEWHERE_EXIT
 from lit.sweep.grid import Child
+from lit.sweep.worker import KEEPS_WORKER, Worker, send, start_worker
+from lit.sweep.worker import stop as stop_worker
 
 POLL_S = 0.2  # how often the sweep looks for ended children (and beats)
 ENDED = {0: "done", DIVERGED_EXIT: "diverged", ALL_DIVERGED_EXIT: "not run (every tuning value diverged)",
@@ -38,55 +41,10 @@ class Outcome:
     log: Path | None
 
 
-def after_fork(threads: int, log_path: Path) -> None:
-    """Make a forked child a clean process of its own: fresh DB connections, its share of the cores, its log."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    for engine in list(SqlAlchemyStore._engine_map.values()):
-        engine.dispose(close=False)  # the parent's connections stay the parent's
-    import torch
-
-    torch.set_num_threads(threads)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # the sweep's own handlers are not the run's
-        signal.signal(sig, signal.SIG_DFL)
-
-
-def _fork(run: Callable[[], int], threads: int, log_path: Path) -> int:
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        after_fork(threads, log_path)
-        code = run()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            import mlflow
-
-            mlflow.flush_async_logging()
-        except Exception:  # nothing queued, or the store is gone: the exit code says what happened
-            pass
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
 def run_children(children: list[Child], run: Callable[[Child], int], parallel: int, log_dir: Path,
                  gate: Callable[[Child], str], report: Callable[[str], None],
                  results: dict[str, int], tick: Callable[[], None] | None = None) -> list[Outcome]:
-    """Run ``children`` in order, ``parallel`` at a time, each in a forked process.
+    """Run ``children`` in order, ``parallel`` at a time, in at most ``parallel`` workers.
 
     Each child's exit code is recorded in ``results`` (by key) as it ends. ``gate(child)`` says whether a
     child may start: "ready", "wait" (something it needs is still running) or "blocked" (something it
@@ -95,48 +53,85 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
     ``POLL_S`` seconds while children run (the sweep's heartbeat).
     """
     threads = max(1, (os.cpu_count() or 1) // parallel)
-    pending, running, outcomes = list(children), {}, []
+    logs = {i: log_dir / (c.key.replace("|", "__").replace("/", "_").replace("=", "-") + ".log")
+            for i, c in enumerate(children)}
+    index_of = {id(c): i for i, c in enumerate(children)}
+    pending, workers, outcomes = list(children), [], []
     stop = False
+
+    def start_next(worker: Worker | None) -> bool:
+        """Give the next ready child to ``worker`` (a new one when None); False when none can start now."""
+        while True:
+            ready = next((c for c in pending if gate(c) != "wait"), None)
+            if ready is None:
+                return False
+            pending.remove(ready)
+            if gate(ready) == "blocked":
+                outcomes.append(Outcome(ready, -1, 0.0, None))
+                results[ready.key] = -1
+                report(f"skip {ready.key}: the runs it waits for did not all finish")
+                continue
+            if worker is None:
+                worker = start_worker(lambda i: run(children[i]), logs.__getitem__, threads)
+                workers.append(worker)
+            index = index_of[id(ready)]
+            send(worker, index, ready, logs[index])
+            report(f"start {ready.key} (log: {logs[index]})")
+            return True
+
+    def ended(worker: Worker, code: int) -> None:
+        nonlocal stop
+        child, started, log = worker.current
+        worker.current = None
+        outcomes.append(Outcome(child, code, time.monotonic() - started, log))
+        results[child.key] = code
+        report(f"{ENDED.get(code, f'FAILED (exit {code})')} {child.key} in {time.monotonic() - started:.1f} s")
+        if code == 2:
+            stop = True
+
     try:
-        while pending or running:
-            while not stop and len(running) < parallel:
-                ready = next((c for c in pending if gate(c) != "wait"), None)
-                if ready is None:
-                    break
-                pending.remove(ready)
-                if gate(ready) == "blocked":
-                    outcomes.append(Outcome(ready, -1, 0.0, None))
-                    results[ready.key] = -1
-                    report(f"skip {ready.key}: the runs it waits for did not all finish")
-                    continue
-                log = log_dir / (ready.key.replace("|", "__").replace("/", "_").replace("=", "-") + ".log")
-                pid = _fork(lambda c=ready: run(c), threads, log)
-                running[pid] = (ready, time.monotonic(), log)
-                report(f"start {ready.key} (log: {log})")
-            if not running:
+        while True:
+            if not stop:
+                for worker in [w for w in workers if w.current is None]:
+                    if not start_next(worker):
+                        break
+                while len(workers) < parallel and start_next(None):
+                    pass
+            busy = [w for w in workers if w.current is not None]
+            if not busy:
                 if stop or not pending:
                     break
                 raise RuntimeError(f"no child can start: {[c.key for c in pending]}")  # a bug in the gate
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                if tick is not None:
-                    tick()
-                time.sleep(POLL_S)
-                continue
-            if pid not in running:
-                continue
-            child, started, log = running.pop(pid)
-            code = os.waitstatus_to_exitcode(status)
-            outcomes.append(Outcome(child, code, time.monotonic() - started, log))
-            results[child.key] = code
-            report(f"{ENDED.get(code, f'FAILED (exit {code})')} {child.key} "
-                   f"in {time.monotonic() - started:.0f} s")
-            if code == 2:
-                stop = True
+            readable, _, _ = select.select([w.results for w in workers], [], [], POLL_S)
+            if tick is not None:
+                tick()
+            for worker in [w for w in workers if w.results in readable]:
+                answer = worker.results.read(64)
+                code = int(answer.strip().splitlines()[-1]) if answer else None
+                if code is not None:  # one code per run: the worker answers once its run has ended
+                    worker.runs += 1
+                    ended(worker, code)
+                    if code in KEEPS_WORKER:
+                        continue
+                # The worker ends: after a run that did not keep it (reported above), or killed within a run
+                # (its exit status is that run's code, as a process per run reported it).
+                _, status = os.waitpid(worker.pid, 0)
+                workers.remove(worker)
+                worker.results.close()
+                stop_worker(worker)
+                if worker.current is not None:
+                    ended(worker, os.waitstatus_to_exitcode(status))
     except KeyboardInterrupt:
-        for pid in running:
-            os.kill(pid, signal.SIGTERM)
-        for pid in list(running):
-            os.waitpid(pid, 0)
+        for worker in workers:
+            try:
+                os.kill(worker.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for worker in workers:
+            os.waitpid(worker.pid, 0)
         raise
+    for worker in workers:  # idle: end of file on their task pipes, and they exit
+        stop_worker(worker)
+    for worker in workers:
+        os.waitpid(worker.pid, 0)
     return outcomes
