@@ -1,0 +1,73 @@
+"""Stage E: the Triton kernels against eager and compiled torch, in GB/s and as a share of peak bandwidth.
+
+``benchmarks.kernels.measure_ops`` (the kernels benchmark's per-op part, at reduced repetitions) times each fused
+op's forward and forward+backward for the eager torch path, ``torch.compile`` of it and the Triton kernel, each
+after an L2 flush; its bytes are what the op must move (every input read once, every output written once). The
+shares are against the spec sheet's bandwidth and against stage A's measured copy. ``nn.RMSNorm`` eager and
+compiled are timed the same way, as a reference for what a bandwidth-bound op reaches. The result ends with the
+``MEASURED_SPEEDUPS`` entry to paste into ``arch_plugins/kernels/measured.py`` (what ``kernel: auto`` reads).
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import torch
+
+from benchmarks.gpu_check import measure
+from benchmarks.kernels import Timer, measure_ops
+
+
+def rmsnorm_reference(args, device, timer: Timer, peak: float | None) -> dict:
+    """``nn.RMSNorm`` over (tokens, d) in bf16, eager and compiled: forward GB/s (read x once, write y once)."""
+    n, d = args.batch * args.seq, args.d_model
+    norm = torch.nn.RMSNorm(d, device=device, dtype=torch.bfloat16)
+    x = torch.randn(n, d, device=device, dtype=torch.bfloat16)
+    nbytes = 2 * n * d * 2
+    out = {}
+    for path, fn in (("eager", norm), ("compile", torch.compile(norm, dynamic=False))):
+        with torch.no_grad():
+            t = timer(lambda fn=fn: fn(x))
+        out[path] = {"forward": t, "bytes_per_s": nbytes / t["median_s"],
+                     "fraction_of_peak": nbytes / t["median_s"] / peak if peak else None}
+    return out
+
+
+def run(ctx, clock, out: dict) -> None:
+    from arch_plugins.kernels import dispatch
+
+    device, dry = ctx.device, ctx.dry
+    if dispatch.triton_import_error() is not None:
+        out["status"] = f"not measured: triton does not import ({dispatch.triton_import_error()})"
+        return
+    if device.type != "cuda" and not dispatch.interpreting():
+        out["status"] = ("not measured: the Triton kernels need CUDA, or TRITON_INTERPRET=1 set before triton is "
+                         "first imported (python -m benchmarks.gpu_check --dry sets it)")
+        return
+    args = SimpleNamespace(batch=2, seq=8, d_model=32, heads=2, no_compile=False) if dry else \
+        SimpleNamespace(batch=8, seq=1024, d_model=1024, heads=16, no_compile=False)
+    timer = Timer(device, reps=2 if dry else 20, warmup=1 if dry else 3)
+    spec, copy = ctx.peaks.get("bandwidth_spec"), ctx.peaks.get("bandwidth_measured")
+    peak = {"spec_bytes_per_s": spec, "copy_bytes_per_s": copy}
+    t0 = time.perf_counter()
+    rows = measure_ops(args, device, timer, peak)  # its fractions are of the spec (or the copy, where no spec)
+    for row in rows:
+        for direction in ("forward", "backward"):
+            rate = row[f"kernel_{direction}_bytes_per_s"]
+            row[f"kernel_{direction}_fraction_of_spec"] = rate / spec if spec else None
+            row[f"kernel_{direction}_fraction_of_copy"] = rate / copy if copy else None
+        for path in ("eager", "compile"):
+            if path in row:
+                t = row[path]["forward"]["median_s"]
+                row[f"{path}_forward_bytes_per_s"] = row["bytes_forward"] / t
+    out.update(shape=vars(args), ops=rows, ops_wall_s=time.perf_counter() - t0)
+    if clock.fits(2 if dry else 15):
+        try:
+            out["rmsnorm_reference"] = rmsnorm_reference(args, device, timer, spec or copy)
+        except Exception as exc:
+            out["rmsnorm_reference"] = {"status": "failed", "error": measure.error_text(exc)}
+    entry = {row["op"]: round(row["speedup_vs_best_torch"], 2) for row in rows}
+    out["measured_speedups_entry"] = None if dry else {ctx.device_name: entry}
+    out["measured_speedups_line"] = None if dry else (
+        f"    {ctx.device_name!r}: {entry},  # python -m benchmarks.gpu_check, {time.strftime('%Y-%m-%d')}")
