@@ -230,9 +230,14 @@ def page(result: dict | None) -> str:
              "```bash", f"{COMMAND}                 # one GPU, at most 8 minutes (--budget_s 460 by default)",
              f"{COMMAND} --dry           # any machine: every stage on CPU at tiny shapes (what the tests run)",
              "```", "",
-             "Each stage reads one global deadline and records `skipped: budget` rather than running over; a "
-             "failure in one stage is recorded and the others still run. The results go to "
-             "`benchmarks/results/gpu_check_<device>.json` and `.md`, and this page is rewritten from the JSON.", "",
+             "The budget (`--budget_s`, 460 s by default) counts from the start of the process, imports included. "
+             "Each stage reads one global deadline: it is allotted its nominal share of the time left (what an "
+             "earlier stage did not use flows on), and each contender, plugin or compile inside it that would not "
+             "fit is recorded as `skipped: budget` rather than run. A watchdog writes whatever was measured and "
+             "ends the process 12 s after the deadline, should an estimate be wrong. A failure in one stage is "
+             "recorded and the others still run. `--stages AC` runs some stages only. The results go to "
+             "`benchmarks/results/gpu_check_<device>.json` and `.md`, and this page is rewritten from the JSON "
+             "(a `--dry` run writes its page beside its JSON instead).", "",
              "| stage | nominal budget | what it measures |", "|---|---:|---|"]
     from benchmarks.gpu_check.run import NOMINAL_S
 
