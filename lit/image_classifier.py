@@ -110,7 +110,6 @@ class ImageClassifier(ArchitectureTask):
         # ``init_from`` and the weights a checkpoint's ``state_dict`` holds stay the raw model's alone; the EMA
         # travels in the checkpoint under its own key.
         self.__dict__["ema"] = None
-        self._ema_updated_at = -1
         if ema_decay is not None:
             self.val_ema_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
             self.val_ema_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
@@ -181,13 +180,13 @@ class ImageClassifier(ArchitectureTask):
             module.to(device)
         return module
 
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        super().on_train_batch_end(outputs, batch, batch_idx)
-        # Once per optimizer step (gradient accumulation runs several batches per step).
-        if self.ema is not None and self.global_step != self._ema_updated_at:
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # Here, once per optimizer step, rather than at the batch's end: Lightning runs callbacks' batch-end hooks
+        # (ModelCheckpoint's included) before the module's, so a checkpoint of this step holds this step's EMA.
+        if self.ema is not None:
             self._ema_on(self.device)
-            self.ema.update(self.model, step=self.global_step)
-            self._ema_updated_at = self.global_step
+            self.ema.update(self.model, step=self.trainer.global_step + 1)  # counted after this hook
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
@@ -198,7 +197,6 @@ class ImageClassifier(ArchitectureTask):
         super().on_load_checkpoint(checkpoint)
         if self.ema is not None and "ema_state_dict" in checkpoint:
             self.ema.load_state_dict(checkpoint["ema_state_dict"])
-            self._ema_updated_at = checkpoint.get("global_step", -1)
 
     # --- the optimizer, with the rate and warmup resolved for this run's global batch ----------------------------
 
@@ -206,7 +204,9 @@ class ImageClassifier(ArchitectureTask):
         """(peak lr, warmup steps, global batch) of this run: ``lr`` scaled by global batch / ``lr_batch_size``,
         ``warmup_epochs`` turned into optimizer steps per epoch of this run."""
         hp, trainer = self.hparams, self.trainer
-        loader = trainer.train_dataloader  # built by estimated_stepping_batches
+        if trainer.train_dataloader is None:  # as estimated_stepping_batches does where max_steps alone bounds the run
+            trainer.fit_loop.setup_data()
+        loader = trainer.train_dataloader
         per_process = getattr(loader, "batch_size", None) or getattr(trainer.datamodule, "batch_size", None)
         accumulate = trainer.accumulate_grad_batches
         global_batch = int(per_process) * trainer.world_size * accumulate if per_process else None

@@ -124,7 +124,7 @@ class ImageFolderDataModule(ImageDataModule):
         # Full batches in training (batch mixing pairs images), unless the whole set is one small batch.
         drop_last = len(self.train_set) >= self.batch_size
         return train_loader(self, self.train_set, self.batch_size, drop_last=drop_last,
-                            repeats=self.repeated_augmentation, **self._loader_options())
+                            repeats=self.repeated_augmentation, seeded_samples=True, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, **self._loader_options())

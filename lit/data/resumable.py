@@ -6,10 +6,12 @@ global batch, and with it the averaged gradient, does not depend on how many pro
 ranks at batch 4 train on exactly what 1 process at batch 8 trains on, in the same order.
 
 A run resumed from a checkpoint taken in the middle of an epoch continues the epoch where it
-stopped: ``train_loader`` asks the trainer how many batches of the current epoch were already
-trained (Lightning restores its loop progress before it builds the training DataLoader) and the
-sampler skips them. Lightning's own alternative, a stateful DataLoader, is asked for its state while
-one batch is already prefetched, so it would skip one batch too many.
+stopped: when an epoch's iteration starts, the sampler of ``train_loader`` asks the trainer how many
+batches of the current epoch were already trained and skips them. It asks then, not when the DataLoader
+is built: a run bounded by ``max_epochs`` builds its DataLoader for ``estimated_stepping_batches`` (in
+``configure_optimizers``) before Lightning restores the loop's progress from the checkpoint. Lightning's
+own alternative, a stateful DataLoader, is asked for its state while one batch is already prefetched, so
+it would skip one batch too many.
 
 The sampler is a ``DistributedSampler``, so Lightning leaves it alone under DDP and FSDP2 instead of
 wrapping it in its own (which would split every rank's share again).
@@ -26,10 +28,12 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from lit.data.seeded_samples import SeededSamples, sample_key
 
 
 class ResumableSampler(DistributedSampler):
@@ -45,16 +49,20 @@ class ResumableSampler(DistributedSampler):
         drop_last: drop the last incomplete global batch; otherwise it is padded (with samples from the
             start of the order) to a multiple of the world size, so every rank steps the same number of times.
         repeats: copies of each image in a row (repeated augmentation; 1: off). Only with ``shuffle``.
+        keyed: yield ``(index, key)`` pairs, ``key`` a seed fixed by (seed, epoch, position in the global order),
+            for ``lit.data.seeded_samples.SeededSamples`` (augmentation that resumes exactly).
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int = 1, rank: int = 0,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, repeats: int = 1):
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = True, repeats: int = 1, keyed: bool = False):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
                          drop_last=drop_last)
         if not (isinstance(repeats, int) and repeats >= 1):
             raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
-        self.batch_size, self.repeats = batch_size, repeats
+        self.batch_size, self.repeats, self.keyed = batch_size, repeats, keyed
         self._skip_batches = 0
+        # Asked at the start of each iteration: batches of this epoch already trained (a resumed run), or 0.
+        self.batches_already_trained: Callable[[], int] | None = None
         global_batch = batch_size * num_replicas
         n = len(dataset)
         self.total_size = n // global_batch * global_batch if drop_last else n + (-n) % num_replicas
@@ -77,15 +85,22 @@ class ResumableSampler(DistributedSampler):
             order += order[: self.total_size - len(order)]
         return order[: self.total_size]
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[int] | Iterator[tuple[int, int]]:
         order, global_batch = self.global_order(), self.batch_size * self.num_replicas
-        mine: list[int] = []
+        mine: list[int] = []  # this rank's positions in the global order
         for start in range(0, len(order), global_batch):
-            chunk = order[start: start + global_batch]
-            share = len(chunk) // self.num_replicas
-            mine += chunk[self.rank * share: (self.rank + 1) * share]
-        skip, self._skip_batches = self._skip_batches * self.batch_size, 0
-        return iter(mine[skip:])
+            share = len(order[start: start + global_batch]) // self.num_replicas
+            first = start + self.rank * share
+            mine += range(first, first + share)
+        skip_batches, self._skip_batches = self._skip_batches, 0
+        if not skip_batches and self.batches_already_trained is not None:
+            done = self.batches_already_trained()
+            # A checkpoint at the very end of an epoch resumes at the next one, whole.
+            skip_batches = done if 0 < done < -(-len(self) // self.batch_size) else 0
+        skip = skip_batches * self.batch_size
+        if self.keyed:
+            return iter([(order[p], sample_key(self.seed, self.epoch, p)) for p in mine[skip:]])
+        return iter([order[p] for p in mine[skip:]])
 
     def __len__(self) -> int:
         return self.num_samples  # the whole epoch, also when resuming: Lightning counts batches per epoch
@@ -110,20 +125,22 @@ def batches_done_this_epoch(trainer) -> int:
 
 
 def train_loader(datamodule, dataset: Dataset, batch_size: int, drop_last: bool = True, repeats: int = 1,
-                 **loader_kwargs) -> DataLoader:
+                 seeded_samples: bool = False, **loader_kwargs) -> DataLoader:
     """The training DataLoader of a DataModule: this rank's share of the order (each image ``repeats`` times in
-    a row: repeated augmentation), resumed mid-epoch if needed."""
+    a row: repeated augmentation), resumed mid-epoch if needed; with ``seeded_samples``, each sample loaded under
+    a seed fixed by its place in the order (augmentation that resumes exactly: ``lit/data/seeded_samples.py``)."""
     trainer = getattr(datamodule, "trainer", None)
     world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
     seed = training_seed(datamodule)
-    sampler = ResumableSampler(dataset, batch_size, world, rank, seed=seed, drop_last=drop_last, repeats=repeats)
+    sampler = ResumableSampler(dataset, batch_size, world, rank, seed=seed, drop_last=drop_last, repeats=repeats,
+                               keyed=seeded_samples)
     # Lightning warns that a mid-epoch resume loses the data position unless the DataLoader is stateful;
     # this one resumes through its sampler, so the warning would be wrong.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
-    done = batches_done_this_epoch(trainer)
-    if 0 < done < -(-len(sampler) // batch_size):  # a checkpoint at the very end of an epoch resumes at the next
-        sampler.resume_at(done)
+    sampler.batches_already_trained = lambda: batches_done_this_epoch(trainer)
     # Its own generator: a DataLoader draws its workers' base seed from the global RNG at every new
     # iterator, which would shift dropout's random stream differently in a resumed run.
     generator = torch.Generator().manual_seed(seed)
+    if seeded_samples:
+        dataset = SeededSamples(dataset)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, generator=generator, **loader_kwargs)
