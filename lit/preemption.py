@@ -76,6 +76,7 @@ class PreemptionCheckpoints(L.Callback):
         self.interval_s, self.signals, self.requeue = interval_minutes * 60, tuple(signals), requeue
         self._received: int | None = None
         self._previous: dict[int, object] = {}
+        self._silenced = None  # the training loop whose per-batch SIGTERM broadcast is skipped while we handle it
         self._last_save = time.monotonic()
 
     # --- signals -------------------------------------------------------------------------------------------------
@@ -87,6 +88,15 @@ class PreemptionCheckpoints(L.Callback):
         # After Lightning registered its own (fit start), which would stop without saving: they are replaced.
         for name in self.signals:
             self._previous[SIGNALS[name]] = signal.signal(SIGNALS[name], self._on_signal)
+        if "SIGTERM" in self.signals:
+            # With several processes Lightning broadcasts rank 0's SIGTERM flag before every batch: a collective
+            # and a host-device sync per micro-batch. Its SIGTERM handler, the only thing that sets the flag, was
+            # replaced just above, so the broadcast could only ever send 0; this callback agrees instead, at log
+            # steps (module docstring).
+            loop = trainer.fit_loop.epoch_loop
+            if hasattr(loop, "_broadcast_sigterm_tensor"):
+                loop._broadcast_sigterm_tensor = _nothing
+                self._silenced = loop
 
     def _on_signal(self, signum: int, frame) -> None:
         if self._received is not None and signum == signal.SIGINT:
@@ -100,6 +110,9 @@ class PreemptionCheckpoints(L.Callback):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        loop, self._silenced = self._silenced, None
+        if loop is not None:
+            del loop._broadcast_sigterm_tensor  # Lightning's own method again
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
@@ -169,6 +182,10 @@ class PreemptionCheckpoints(L.Callback):
             return self.requeue and SLURMEnvironment.detect()
         env = trainer._accelerator_connector.cluster_environment
         return isinstance(env, SLURMEnvironment) and env.auto_requeue
+
+
+def _nothing() -> None:
+    pass
 
 
 def _requeue(trainer: L.Trainer) -> bool:

@@ -37,9 +37,12 @@ def counting(out: Path) -> str:
     return f"--trainer.callbacks=[{{class_path: tests.sync_counter.CountSyncs, init_args: {{out: {out}}}}}]"
 
 
-def fit_args(out: Path, *extra: str) -> list[str]:
+def fit_args(out: Path, *extra: str, micro_batches: int = 1) -> list[str]:
+    # val_check_interval counts micro-batches: validation after every VAL_EVERY optimizer steps.
     return ["fit", "--config", BASELINE, *TINY, f"--trainer.max_steps={STEPS}",
-            f"--trainer.val_check_interval={VAL_EVERY}", "--trainer.limit_val_batches=2", counting(out), *extra]
+            f"--trainer.accumulate_grad_batches={micro_batches}",
+            f"--trainer.val_check_interval={VAL_EVERY * micro_batches}", "--trainer.limit_val_batches=2",
+            counting(out), *extra]
 
 
 def allowed(step: int) -> bool:
@@ -60,19 +63,18 @@ def assert_quiet_between_logs(events: list[dict], micro_batches: int = 1) -> Non
     assert not noisy, f"host-device syncs on steps that log nothing: {noisy}"
     # The counter saw the run: every step ran its micro-batches, and the log steps do read the device.
     micro = {(e["step"], e["micro"]) for e in events}
-    assert max(m for _, m in micro) < micro_batches
+    assert max(m for _, m in micro) == micro_batches - 1
     assert any(s for s in steps if (s + 1) % LOG_EVERY == 0), steps.keys()
 
 
 @pytest.mark.parametrize("extra, micro_batches", [
     pytest.param([], 1, id="recipe_defaults"),  # progress bar on, diagnostics every 100, clipping 1.0
     pytest.param(["--trainer.enable_progress_bar=false", "--model.random_numbers=by_name",
-                  "--trainer.accumulate_grad_batches=4", "--trainer.gradient_clip_val=null"], 4,
-                 id="sweep_settings_accumulate_4"),
+                  "--trainer.gradient_clip_val=null"], 4, id="sweep_settings_accumulate_4"),
 ])
 def test_no_sync_on_a_step_that_logs_nothing(workdir_with_store, extra, micro_batches):
     out = workdir_with_store / "syncs.json"
-    main(fit_args(out, *extra))
+    main(fit_args(out, *extra, micro_batches=micro_batches))
     assert_quiet_between_logs(json.loads(out.read_text()), micro_batches)
 
 
@@ -80,8 +82,8 @@ def test_no_sync_on_a_step_that_logs_nothing(workdir_with_store, extra, micro_ba
 def test_no_sync_with_eight_micro_batches_in_bf16(workdir_with_store):
     # gpt_fineweb_track3's shape of step: 8 micro-batches, bf16 autocast, no clipping.
     out = workdir_with_store / "syncs.json"
-    main(fit_args(out, "--trainer.enable_progress_bar=false", "--trainer.accumulate_grad_batches=8",
-                  "--trainer.precision=bf16-mixed", "--trainer.gradient_clip_val=null"))
+    main(fit_args(out, "--trainer.enable_progress_bar=false", "--trainer.precision=bf16-mixed",
+                  "--trainer.gradient_clip_val=null", micro_batches=8))
     assert_quiet_between_logs(json.loads(out.read_text()), 8)
 
 
