@@ -108,7 +108,25 @@ def shard(model: nn.Module, device_mesh, precision: str | None = None) -> nn.Mod
     for modules, reshard_after_forward in edge_units(model):
         fully_shard(modules, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    model.register_forward_hook(_reshard_after_inference)
     return model
+
+
+def _reshard_after_inference(model: nn.Module, args, output) -> None:
+    """After a forward without gradients (validation, a probe), give every unit back its shards.
+
+    Units that stay gathered after forward (the root, the last block, the readout) wait for a backward that a
+    no-grad forward never has. Left gathered, the next training step computed wrong gradients for exactly those
+    parameters (measured on 2 gloo processes: the head's off by more than its own size), and a checkpoint or an
+    optimizer step in between would see full tensors.
+    """
+    if torch.is_grad_enabled():
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def edge_units(model: nn.Module) -> list[tuple[list[nn.Module], bool]]:
