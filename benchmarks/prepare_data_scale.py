@@ -108,6 +108,8 @@ def main() -> None:
     p.add_argument("--sizes_mb", type=float, nargs="+", default=[20, 100])
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--llmc_mb", type=float, default=20, help="corpus size for the llm.c loop (0: skip)")
+    p.add_argument("--rounds", type=int, default=1, help="llm.c loop runs, each but the last followed by a "
+                   "prepare-data run on the same corpus (start with --sizes_mb at --llmc_mb to interleave)")
     a = p.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -120,8 +122,8 @@ def main() -> None:
     if not tokenizer.exists():
         subprocess.run([sys.executable, "cli.py", "train-tokenizer", "--vocab_size", "8192", "--max_bytes", "5000000",
                         "--out", str(tokenizer), str(corpora[min(corpora)])], cwd=REPO, check=True)
-    rows = []
-    for size in a.sizes_mb:
+
+    def prepared(size: float, what: str) -> dict:
         out = work / f"shards_{size:g}mb_p{a.processes}"
         subprocess.run(["rm", "-rf", str(out)], check=True)
         r = measured([sys.executable, "-m", "lit.data.prepare", "--tokenizer", str(tokenizer), "--out", str(out),
@@ -130,13 +132,18 @@ def main() -> None:
         tokens = sum(meta[f"{s}_tokens"] for s in ("train", "val", "test"))
         done = [line for line in r["stderr"].splitlines() if " tokens in " in line][-1]
         seconds = float(done.split(" tokens in ")[1].split(" s ")[0].replace(",", ""))
-        rows.append({"what": "prepare-data", "corpus_mb": size, "tokens": tokens, "seconds": seconds, **r})
-    if a.llmc_mb:
+        return {"what": what, "corpus_mb": size, "tokens": tokens, "seconds": seconds, **r}
+
+    rows = [prepared(size, "prepare-data") for size in a.sizes_mb]
+    for round_ in range(a.rounds if a.llmc_mb else 0):  # interleaved: the machine's load moves both alike
         out = work / "llmc"
         out.mkdir(exist_ok=True)
         r = measured([sys.executable, "-c", LLMC_LOOP, str(tokenizer), str(corpora[a.llmc_mb]), str(out / "fineweb"),
                       "10000000", str(a.processes)])
-        rows.append({"what": "llm.c fineweb.py loop", "corpus_mb": a.llmc_mb, **json.loads(r["stdout"]), **r})
+        rows.append({"what": f"llm.c fineweb.py loop #{round_ + 1}", "corpus_mb": a.llmc_mb,
+                     **json.loads(r["stdout"]), **r})
+        if round_ + 1 < a.rounds:
+            rows.append(prepared(a.llmc_mb, f"prepare-data #{round_ + 2}"))
     # tokens/s over the encoding loop (each program's own clock), not the start-up; wall time beside it.
     print(f"{'what':<24}{'corpus MB':>10}{'tokens':>12}{'wall s':>9}{'tok/s':>10}{'tok/s/proc':>11}"
           f"{'main RSS MB':>12}{'tree PSS MB':>12}")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
+from lit.bits_per_byte import BitsPerByte
 from lit.compute import gpt_flops_per_token
 from lit.diagnostics import DiagnosticsConfig
 from lit.errors import UserInputError
@@ -50,8 +51,9 @@ class LanguageModel(ArchitectureTask):
         activation_checkpointing: recompute each block's activations in backward
             (recipes/trainer/activation_checkpointing.yaml).
         diagnostics: ``diag/*`` metrics every ``interval`` steps (``--model.diagnostics.interval=0``: off).
-        bytes_per_token: linked from the DataModule; with it, validation logs ``val/bpb`` (bits per byte),
-            which compares models across tokenizers and vocabularies where nats per token do not.
+        bytes_per_token: linked from the DataModule. Validation and test log ``val/bpb``/``test/bpb`` (bits per
+            byte, which compares models across tokenizers where nats per token do not) exactly from the
+            DataModule's ``token_bytes`` (lit/bits_per_byte.py); this mean is used only where it has none.
         z_loss: coefficient of PaLM's auxiliary z-loss, mean(logsumexp(logits)^2), added to the training loss
             (PaLM: 1e-4; 0: off). Logged as ``train/z_loss`` (the term added); ``train/loss`` stays the
             cross-entropy, comparable with runs without it.
@@ -90,6 +92,7 @@ class LanguageModel(ArchitectureTask):
         if init_from is not None:
             load_initial_weights(self, init_from, growth)
         self.val_ppl = Perplexity()
+        self.val_bpb, self.test_bpb = BitsPerByte(), BitsPerByte()
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
@@ -118,9 +121,7 @@ class LanguageModel(ArchitectureTask):
         logits = self(idx)
         loss = self._loss(logits, targets)
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        if self.hparams.bytes_per_token:
-            # nats per token -> bits per token -> bits per byte of the text those tokens encode.
-            self.log("val/bpb", loss / math.log(2) / self.hparams.bytes_per_token, sync_dist=True)
+        self._log_bits_per_byte("val", self.val_bpb, logits, targets, loss)
         self.val_ppl(logits.float(), targets)
         self.log("val/ppl", self.val_ppl)
 
@@ -131,8 +132,30 @@ class LanguageModel(ArchitectureTask):
         per_token = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
         self.record_test_examples(loss=per_token.view(targets.shape).mean(1))  # one mean loss per window
         self.log("test/loss", loss, sync_dist=True)
-        if self.hparams.bytes_per_token:
-            self.log("test/bpb", loss / math.log(2) / self.hparams.bytes_per_token, sync_dist=True)
+        self._log_bits_per_byte("test", self.test_bpb, logits, targets, loss)
+
+    def _log_bits_per_byte(self, stage: str, metric: BitsPerByte, logits: torch.Tensor, targets: torch.Tensor,
+                           loss: torch.Tensor) -> None:
+        """``<stage>/bpb``: exact where the data know each token's bytes (``token_bytes``, lit/bits_per_byte.py);
+        else from a mean ``bytes_per_token`` (approximate), if the data give one; else not logged."""
+        token_bytes = self._token_bytes()
+        if token_bytes is not None:
+            per_token = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
+            metric(per_token, targets.flatten(), token_bytes)
+            self.log(f"{stage}/bpb", metric)
+        elif self.hparams.bytes_per_token:
+            # nats per token -> bits per token -> bits per byte of the text those tokens encode.
+            self.log(f"{stage}/bpb", loss / math.log(2) / self.hparams.bytes_per_token, sync_dist=True)
+
+    def _token_bytes(self) -> torch.Tensor | None:
+        """The data's bytes per token id on this device (``TextDataModule.token_bytes``), or None."""
+        table = getattr(getattr(self._trainer, "datamodule", None), "token_bytes", None)
+        if table is None:
+            return None
+        cached = getattr(self, "_token_bytes_on_device", None)
+        if cached is None or cached.device != self.device or cached.shape != table.shape:
+            self._token_bytes_on_device = cached = torch.as_tensor(table, dtype=torch.long).to(self.device)
+        return cached
 
     def predict_step(self, batch: torch.Tensor, batch_idx: int) -> list[str]:
         hp = self.hparams

@@ -39,6 +39,28 @@ class CharTokenizer:
         return "".join(self.chars[i] for i in ids)
 
 
+def shard_token_bytes(shards_dir: str, meta: dict, tokenizer: str | None, vocab_size: int) -> np.ndarray | None:
+    """Bytes per token id of the shards' tokenizer (``tokenizer`` or the one ``meta.json`` names), padded with 0
+    up to ``vocab_size`` (a vocabulary rounded up for speed); None if neither is known."""
+    from lit.data.token_bytes import file_sha256, load_tokenizer, token_byte_lengths
+
+    path = tokenizer or meta.get("tokenizer")
+    if path is None:
+        return None
+    if tokenizer is None and not Path(path).is_file():
+        raise UserInputError(f"{shards_dir}/meta.json names the tokenizer {path}, which is not there; pass its new "
+                             f"place with --data.tokenizer")
+    recorded = meta.get("tokenizer_sha256")
+    if recorded and file_sha256(path) != recorded:
+        raise UserInputError(f"{path} is not the tokenizer these shards were made with (its SHA-256 differs from "
+                             f"{shards_dir}/meta.json's); pass that one with --data.tokenizer")
+    lengths = token_byte_lengths(load_tokenizer(path))
+    if len(lengths) > vocab_size:
+        raise UserInputError(f"the tokenizer {path} has {len(lengths)} tokens but the shards' vocabulary is "
+                             f"{vocab_size}; pass the shards' own tokenizer with --data.tokenizer")
+    return np.pad(lengths, (0, vocab_size - len(lengths)))
+
+
 class _Windows(Dataset):
     """Non-overlapping (input, target) windows of one token array."""
 
@@ -91,14 +113,21 @@ class TextDataModule(L.LightningDataModule):
             ``block_size``); None: all of it. modded-nanogpt validates on the first 10,485,760 tokens of its
             FineWeb val shard (recipes/gpt_fineweb_track3.yaml).
 
-    ``bytes_per_token`` (a fact linked to the model, for ``val/bpb``) is the UTF-8 bytes per token of the
-    validation text, or ``meta.json``'s value for shards (``lit.data.prepare`` writes it); None if unknown.
+        tokenizer: the tokenizers JSON file of token shards, for exact bits per byte (``val/bpb``); default: the
+            one ``meta.json`` names (``prepare-data`` records it). Give it for shards made elsewhere (llm.c's
+            FineWeb shards: GPT-2's tokenizer.json).
+
+    ``token_bytes[id]`` is the UTF-8 bytes token ``id`` stands for (0 for special tokens), from the character
+    vocabulary or the shards' tokenizer; the model reads it for exact ``val/bpb`` and ``test/bpb``
+    (lit/bits_per_byte.py). ``bytes_per_token`` (a fact linked to the model) is the mean bytes per token of the
+    validation text, or ``meta.json``'s value for shards; the model uses it only where ``token_bytes`` is None.
     """
 
     def __init__(self, text_file: str | None = None, shards_dir: str | None = None,
                  vocab_size: int | None = None, block_size: int = 256, batch_size: int = 32,
                  val_fraction: float = 0.1, num_workers: int = 0, prompt: str = "\n", num_samples: int = 1,
-                 seed: int | None = None, val_tokens: int | None = None, test_fraction: float = 0.05):
+                 seed: int | None = None, val_tokens: int | None = None, test_fraction: float = 0.05,
+                 tokenizer: str | None = None):
         super().__init__()
         self.seed = seed
         if not 0 < val_fraction < 1:
@@ -122,6 +151,7 @@ class TextDataModule(L.LightningDataModule):
             if self.vocab_size is None:
                 raise UserInputError(f"{shards_dir} has no meta.json; pass --data.vocab_size")
             self.bytes_per_token = meta.get("bytes_per_token")
+            self.token_bytes = shard_token_bytes(shards_dir, meta, tokenizer, self.vocab_size)
             self.has_test_split = any("test" in p.name for p in Path(shards_dir).glob("*.bin"))
         else:
             self.text = self._read_text()
@@ -129,6 +159,7 @@ class TextDataModule(L.LightningDataModule):
             self.vocab_size = self.tokenizer.vocab_size
             val_text = self.text[self._split_index(len(self.text)):]
             self.bytes_per_token = len(val_text.encode("utf-8")) / max(1, len(val_text))
+            self.token_bytes = np.array([len(c.encode("utf-8")) for c in self.tokenizer.chars], dtype=np.int64)
             self.has_test_split = test_fraction > 0
 
     def _split_index(self, n_tokens: int) -> int:
