@@ -192,7 +192,8 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str],
     if tuning is not None:
         tune = {"key": tuning.key, "values": tuning.values, "steps": tuning.steps, "seed": tuning.seed,
                 "reuse_seed_run": tuning.reuse_seed_run, "rule": tuning.rule}
-    core = {"recipe": str(recipe_path), "variants": [{"label": v.label, "overrides": v.overrides} for v in variants],
+    core = {"recipe": project_path(recipe_path),
+            "variants": [{"label": v.label, "overrides": v.overrides} for v in variants],
             "baseline": baseline.label, "seed_base": base, "metric": a.metric, "mode": mode, "tune": tune,
             "fit_args": fit_options, "steps": steps, "report_metric": a.report_metric}
     if a.random_numbers != "construction_order":  # absent: the rule of sweeps written before it, whose ids stand
@@ -209,6 +210,47 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str],
     if tune is not None:
         proto["tune"] = {**tune, "description": tuning.description}
     return proto, variants, tuning
+
+
+def project_root(recipe_path: Path) -> Path | None:
+    """The project a recipe belongs to: the nearest folder above it holding ``.git``, else the folder the command
+    runs in (where ``mlflow.db`` and ``sweeps/`` land by default) if the recipe is inside it, else None."""
+    for folder in recipe_path.parents:
+        if (folder / ".git").exists():
+            return folder
+    cwd = Path.cwd().resolve()
+    return cwd if recipe_path.is_relative_to(cwd) else None
+
+
+def project_path(recipe_path: Path) -> str:
+    """The recipe as the sweep's identity names it: relative to its project, so a moved or re-cloned checkout is
+    the same sweep; absolute only for a recipe outside any project (it did not move with one)."""
+    root = project_root(recipe_path)
+    return recipe_path.relative_to(root).as_posix() if root is not None else str(recipe_path)
+
+
+def find_sweep(client, experiment_id: str, core: dict, recipe_path: Path):
+    """The newest parent of the sweep ``core`` describes, and its lineage: under today's rule (the recipe by its
+    project path), else under the rule of sweeps started before it, whose lineage hashed the recipe's absolute
+    path at the time, wherever the project then was (its ``sweep.recipe`` param ends in the same project path)."""
+    from lit.sweep.store import LINEAGE, find_parent, search_all_runs
+
+    lineage = sweep_id(core)
+    parent = find_parent(client, experiment_id, lineage)
+    if parent is not None:
+        return parent, lineage
+    tail = Path(core["recipe"]).parts
+    old_rule = []
+    for run in search_all_runs(client, experiment_id, f"tags.`{P.ROLE}` = '{P.PARENT}'"):
+        old_path = run.data.params.get("sweep.recipe", "")
+        if not old_path.startswith("/") or Path(old_path).parts[-len(tail):] != tail:
+            continue
+        if run.data.tags.get(LINEAGE) == sweep_id({**core, "recipe": old_path}):
+            old_rule.append(run)
+    if not old_rule:
+        return None, lineage
+    newest = max(old_rule, key=lambda r: r.info.start_time)
+    return newest, newest.data.tags[LINEAGE]
 
 
 def _check_shared_value(a: argparse.Namespace, variants: list[Variant]) -> None:
@@ -324,6 +366,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
         done_by_key,
         experiment_id_for,
         find_parent,
+        follow_moved_store,
         parents_in_lineage,
         settle_unfinished_runs,
         write_protocol,
@@ -333,13 +376,16 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     proto, variants, tuning = build_protocol(a, fit_options)
     core = {k: proto[k] for k in CORE_FIELDS if k in proto}
     core["tune"] = None if proto["tune"] is None else {k: v for k, v in proto["tune"].items() if k != "description"}
-    lineage = sweep_id(core)
+    recipe_path = Path(a.config).resolve()
     experiment = a.experiment or f"sweep-{Path(a.config).stem}"
     uri = resolve_tracking_uri(a.tracking_uri)
     with sqlite_creation_lock(uri):
         client = MlflowClient(uri)
         experiment_id = experiment_id_for(client, experiment, create=True)
-    parent = find_parent(client, experiment_id, lineage)
+        moved_to = follow_moved_store(client, experiment_id)
+    if moved_to is not None:
+        print(f"the project moved: experiment {experiment!r}'s artifacts are now read from {moved_to}", flush=True)
+    parent, lineage = find_sweep(client, experiment_id, core, recipe_path)
     if parent is not None and not a.new_sweep:
         proto, stored_seeds = _resume(client, parent, proto, a)
         extended = len(proto["seeds"]) > len(stored_seeds)
@@ -353,6 +399,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
             if owner_alive(parent.data.tags):
                 raise UserInputError(f"sweep {parent.data.tags.get(P.SWEEP_ID)} is running "
                                      f"({describe_owner(parent.data.tags)}); let it end before starting a new one")
+        lineage = sweep_id(core)  # a new sweep is always of today's rule, even beside one found by the old rule
         generation = parents_in_lineage(client, experiment_id, lineage) if parent is not None else 0
         hashed = {k: v for k, v in proto["identity"].items() if k != "dirty"}
         proto = {**proto, "sweep_id": sweep_id({**core, "identity": hashed, "generation": generation})}
@@ -371,7 +418,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     out = Path(a.out or Path("sweeps") / proto["sweep_id"][:8]).resolve()
     out.mkdir(parents=True, exist_ok=True)
     manifest = {"protocol": proto, "experiment": experiment, "tracking_uri": uri, "parent_run_id": None,
-                "recipe": proto["recipe"], "fit_args": proto["fit_args"], "save_dir": str(out / "runs"),
+                "recipe": str(recipe_path), "fit_args": proto["fit_args"], "save_dir": str(out / "runs"),
                 "children": [c.to_json() for c in children]}
     # Every variant with runs to do is built once (model, data, trainer) before any compute is spent:
     # a key or value the recipe rejects ends here, in one line, before a parent run exists.

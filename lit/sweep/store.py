@@ -71,6 +71,43 @@ def read_protocol(client: MlflowClient, run_id: str) -> dict:
         return json.loads(Path(client.download_artifacts(run_id, P.PROTOCOL_FILE, tmp)).read_text())
 
 
+def _local_path(uri: str) -> Path | None:
+    if uri.startswith("file://"):
+        return Path(uri[len("file://"):])
+    return Path(uri) if uri.startswith("/") else None
+
+
+def follow_moved_store(client: MlflowClient, experiment_id: str) -> str | None:
+    """Point an experiment's artifact paths at the folder beside its sqlite store, when the project was moved.
+
+    MLflow records artifact folders by absolute path (``<launch folder>/mlruns/<experiment>``). A project moved or
+    copied with its ``mlflow.db`` and ``mlruns/`` still names the old folder: gone (reading the sweep's protocol
+    fails), or the original's (a copy would write into it). When the same ``mlruns/<experiment>`` sits beside this
+    store, its records are rewritten to it (the experiment's location and each run's). Returns the new location,
+    or None when nothing was moved.
+    """
+    from lit.tracking.uri import sqlite_path
+
+    db = sqlite_path(client.tracking_uri)
+    recorded = _local_path(client.get_experiment(experiment_id).artifact_location)
+    if db is None or recorded is None:
+        return None
+    here = Path(db).resolve().parent / recorded.parent.name / recorded.name
+    if here == recorded or not here.is_dir():
+        return None
+    import sqlite3
+
+    old, new = str(recorded), str(here)
+    with sqlite3.connect(db, timeout=60) as con:
+        for column, table in (("artifact_location", "experiments"), ("artifact_uri", "runs")):
+            for prefix in ("file://", ""):
+                con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE experiment_id = ? AND "
+                            f"({column} = ? OR substr({column}, 1, ?) = ?)",
+                            (prefix + new, len(prefix + old) + 1, experiment_id, prefix + old,
+                             len(prefix + old) + 1, prefix + old + "/"))
+    return new
+
+
 def experiment_id_for(client: MlflowClient, name: str, create: bool = False) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None and experiment.lifecycle_stage == "deleted":
