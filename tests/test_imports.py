@@ -111,3 +111,15 @@ def test_no_import_cycle_even_through_deferred_imports():
     # The rooms stand on floors: a function-level import that closes a loop (child -> ladder -> command -> child,
     # once) still ties the modules into one knot that cannot be read or tested apart.
     assert cycles(import_graph(deferred=True)) == []
+
+
+def test_the_sweep_imports_nothing_from_compare():
+    # The sweep's looks and compare's reports share one floor of pure statistics (lit/statistics): the sweep stands
+    # on it, never on the comparison room above it, not even in a function-level import.
+    graph = import_graph(deferred=True)
+    upward = {(m, i) for m, imported in graph.items() if m.startswith("lit.sweep")
+              for i in imported if i.startswith("lit.compare")}
+    assert upward == set()
+    assert "lit.statistics.sequential" in graph["lit.sweep.looks"]
+    assert {i for i in graph["lit.statistics.sequential"] | graph["lit.statistics.paired_tests"]
+            if not i.startswith("lit.statistics")} == set()  # the floor stands on nothing of ours

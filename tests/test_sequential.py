@@ -1,4 +1,4 @@
-"""The sequential design's statistics (lit/compare/sequential.py): the boundary against published values and an
+"""The sequential design's statistics (lit/statistics/sequential.py): the boundary against published values and an
 independent computation, the levels fitted for the paired t, Holm's step-down over looks, futility, the replay the
 sweep and compare share; and its error rate and power by simulation (lit/compare/calibration.py), small enough for
 the default run. Tolerances of the simulations are 3 Monte-Carlo standard errors, the power check the 5 points the
@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from lit.compare import calibration
-from lit.compare import sequential as S
+from lit.statistics import sequential as S
 
 REPS = 6_000
 ALPHA = calibration.ALPHA
@@ -54,7 +54,7 @@ def test_the_levels_fitted_for_the_paired_t_spend_no_more_than_the_increments():
     # the fitted ones spend each look's increment, to Monte-Carlo error.
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2 ** 17, LOOKS[-1]))
-    p = np.stack([S.compare_stats.paired_t_p(x[:, :n]) for n in LOOKS])
+    p = np.stack([S.paired_t_p(x[:, :n]) for n in LOOKS])
 
     def exits(levels):
         alive, out = np.ones(p.shape[1], dtype=bool), []

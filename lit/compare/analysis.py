@@ -16,9 +16,9 @@ import pandas as pd
 
 from lit.compare import examples, stats
 from lit.compare.runs import Sweep, is_throughput_metric
-from lit.compare.sequential import SequentialResult
 from lit.compare.sequential_report import sequential_verdicts
 from lit.errors import UserInputError
+from lit.statistics.sequential import SequentialResult
 from lit.sweep import protocol
 from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
 from lit.tracking.names import STREAM_RMS_PREFIX, SUBLAYER
@@ -178,7 +178,7 @@ class Analysis:
     equivalence_margin: float | None = None
     curve_metric: str = ""  # what the curves and steps to target read (``curve_metric``); "" means ``metric``
     examples_per_run: tuple[int, ...] = ()  # the test examples each run was scored on (its per-example artifact)
-    sequential: SequentialResult | None = None  # a sequential sweep's looks, replayed (lit/compare/sequential.py)
+    sequential: SequentialResult | None = None  # a sequential sweep's looks, replayed (lit/statistics/sequential.py)
     sequential_notes: tuple[str, ...] = ()  # what the report must say about them
     shared_value: SharedValue | None = None  # --shared_value: the secondary comparison (lit/compare/shared_value.py)
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lit.compare import sequential, stats
+from lit.compare import stats
+from lit.statistics import sequential
 
 SEED = 20_260_601
 ALPHA = 0.05

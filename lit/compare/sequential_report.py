@@ -2,7 +2,7 @@
 
 A sequential sweep (the protocol's ``"sequential"``) is decided by its looks, not by a test over whatever seeds
 each comparison ended with: ``sequential_verdicts`` replays the looks from the runs with the sweep's own rule
-(``lit/compare/sequential.py``), checks the replay against the looks the sweep recorded, and puts "decided at look
+(``lit/statistics/sequential.py``), checks the replay against the looks the sweep recorded, and puts "decided at look
 k of K" in each verdict. ``render`` writes the section that shows the plan, each look's boundary, and each
 comparison's course. A fixed sweep extended by ``--add_seeds`` outside such a plan is said to be an interim look.
 
@@ -15,7 +15,7 @@ import math
 from dataclasses import replace
 
 from lit.compare import stats
-from lit.compare.sequential import Plan, SequentialResult, critical_t, replay
+from lit.statistics.sequential import Plan, SequentialResult, critical_t, replay
 
 DECIDED, FUTILE, LAST, OPEN = ("{verdict} (decided at look {look} of {of})",
                                "not distinguishable (stopped for futility at look {look} of {of})",

@@ -20,6 +20,13 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
+from lit.statistics.paired_tests import (  # noqa: F401  (the report's names for them: stats.paired_t_p, ...)
+    EXACT_SIGN_FLIP_MAX,
+    MONTE_CARLO_FLIPS,
+    paired_t_p,
+    sign_flip_p_matrix,
+)
+
 MODES = ("min", "max")
 BETTER, WORSE, UNRESOLVED = "better", "worse", "not distinguishable at this noise"
 POWER = 0.8  # of the minimum detectable effect and of a plan
@@ -27,8 +34,6 @@ POWER = 0.8  # of the minimum detectable effect and of a plan
 # not at the observed sd: from 3 seeds the observed sd is below the true one half the time, and the plug-in MDE
 # is then found with a mean power of 0.62 instead of 0.80 (docs/comparing-statistics.md, "Calibration").
 SD_CONFIDENCE = 0.8
-EXACT_SIGN_FLIP_MAX = 16  # pairs enumerated exactly (2^16 patterns); beyond, a Monte-Carlo estimate
-MONTE_CARLO_FLIPS = 65_536
 BOUNDED_CLIP = 1e-4  # a seed at exactly 0 or 1 is taken this far inside before the logit
 
 
@@ -130,18 +135,6 @@ def seed_correlation(variant: Mapping[str, float], baseline: Mapping[str, float]
     return float((v * b).sum() / scale) if scale > 0 else None
 
 
-def paired_t_p(differences: np.ndarray) -> np.ndarray:
-    """Two-sided p of the one-sample t-test of each row's mean against 0 (the paired t-test). A row whose values
-    are all equal has zero spread: t is undefined (0/0 or x/0) and its p is NaN, never 0 or 1."""
-    n = differences.shape[-1]
-    mean = differences.mean(axis=-1)
-    std = differences.std(axis=-1, ddof=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = mean / (std / math.sqrt(n))
-    p = 2 * stats.t.sf(np.abs(t), n - 1)
-    return np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), p, np.nan)
-
-
 def sign_flip_p(differences: Sequence[float]) -> float | None:
     """The exact two-sided sign-flip (permutation) test of the paired differences, on their signed ranks (the
     Wilcoxon signed-rank statistic): under "no effect" each difference is as likely positive as negative, so the
@@ -159,24 +152,6 @@ def signed_rank_sum(differences: Sequence[float]) -> float:
     """The statistic of ``sign_flip_p``: its sign tells which way the outcomes lean."""
     d = np.nan_to_num(np.asarray(differences, dtype=float), nan=0.0)
     return float((np.sign(d) * stats.rankdata(np.abs(d))).sum()) if d.size else 0.0
-
-
-def sign_flip_p_matrix(differences: np.ndarray) -> np.ndarray:
-    """``sign_flip_p`` of each row (rows of equal length), vectorised over rows."""
-    d = np.nan_to_num(np.asarray(differences, dtype=float), nan=0.0)
-    n = d.shape[1]
-    ranks = stats.rankdata(np.abs(d), axis=1)
-    signed = np.sign(d) * ranks
-    observed = np.abs(signed.sum(axis=1))
-    if n <= EXACT_SIGN_FLIP_MAX:
-        patterns = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
-        extra = 0
-    else:
-        patterns = np.random.default_rng(0).choice([-1, 1], size=(MONTE_CARLO_FLIPS, n))
-        extra = 1  # the observed pattern counts once: (b + 1) / (B + 1), a valid Monte-Carlo p
-    flipped = np.abs(signed @ patterns.T)
-    at_least = (flipped >= observed[:, None] - 1e-9).sum(axis=1)
-    return (at_least + extra) / (patterns.shape[0] + extra)
 
 
 def sign_flip_floor(n: int) -> float:

@@ -4,7 +4,7 @@
 so a report can tell a planned look from an unplanned one:
 
     looks/look_<k>.json            a sequential sweep's look k: its seeds, each comparison's test, boundary and
-                                   decision (``lit/compare/sequential.py``, ``SequentialResult.look_record``)
+                                   decision (``lit/statistics/sequential.py``, ``SequentialResult.look_record``)
     extensions/extension_<j>.json  ``--add_seeds`` outside a sequential plan: from how many seeds to how many, when
 
 A file is written once: a look or an extension already recorded is never written again (MLflow would replace

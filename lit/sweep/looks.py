@@ -4,7 +4,7 @@ The looks are declared with the sweep (cumulative paired seeds, the last one the
 protocol's ``"sequential"`` field with the boundary (O'Brien-Fleming-type alpha spending), the family's alpha and
 the effect of interest of the futility rule. Every invocation of the sweep command first performs each look whose
 runs are all done, in order: it reads the finished runs from the store, replays the decisions from the first look
-(``lit/compare/sequential.py``, the same code ``compare`` runs) and records the look under the parent run as
+(``lit/statistics/sequential.py``, the same code ``compare`` runs) and records the look under the parent run as
 ``looks/look_<k>.json``, never rewritten (``lit/sweep/history.py``). Then it runs the next look's seeds: for every
 comparison still open, and for the baseline while any is. A local launch loops until nothing is open; under
 SLURM each invocation writes the next look's job arrays into ``<out>/look_<k>/`` and the next invocation, once
@@ -22,7 +22,7 @@ from lit.sweep import protocol as P
 from lit.sweep.grid import Child
 
 NEXT_LOOK = -99  # what a local pass of the sweep answers its own loop (never an exit code): go on to the next look
-SPENDING_CHOICES = ("obrien_fleming", "pocock")  # lit.compare.sequential.SPENDING's names
+SPENDING_CHOICES = ("obrien_fleming", "pocock")  # lit.statistics.sequential.SPENDING's names
 
 
 def add_options(p) -> None:
@@ -89,7 +89,7 @@ def plan_of(a) -> dict | None:
         raise UserInputError(f"--effect_of_interest must be a positive difference in the metric's units, got "
                              f"{a.effect_of_interest}")
     a.seeds = looks[-1]
-    from lit.compare.sequential import OBRIEN_FLEMING, Plan
+    from lit.statistics.sequential import OBRIEN_FLEMING, Plan
 
     return Plan(looks, spending=a.spending or OBRIEN_FLEMING, effect_of_interest=a.effect_of_interest).to_json()
 
@@ -121,7 +121,7 @@ class LookState:
 def advance(client, experiment_id: str, parent, proto: dict, children: list[Child]) -> LookState:
     """Record every look whose runs are all done (in order, each once), then say which look runs now and with
     which children. ``parent`` None: a new sweep, at its first look."""
-    from lit.compare.sequential import Plan, replay
+    from lit.statistics.sequential import Plan, replay
     from lit.sweep.history import read_looks, write_look
 
     plan = Plan.from_json(proto["sequential"])

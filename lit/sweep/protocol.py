@@ -62,7 +62,7 @@ own FLOPs are its last ``train/flops``). Learning-rate check runs have ``PHASE =
 Sequential sweeps (``--looks``) add the protocol field ``"sequential"`` (part of what identifies the sweep; absent,
 not null, in a fixed sweep): ``{"looks": [n_1, ..., n_K], "alpha", "spending": "obrien_fleming"|"pocock",
 "effect_of_interest": float | null, "futility_power", "multiplicity", "test", "futility"}`` (the last three the
-rules in words; ``lit/compare/sequential.py``, ``Plan``); ``"seeds"`` then lists the maximum, n_K seeds. The
+rules in words; ``lit/statistics/sequential.py``, ``Plan``); ``"seeds"`` then lists the maximum, n_K seeds. The
 sweep's course is a history under the parent run that is never rewritten (``lit/sweep/history.py``):
     ``looks/look_<k>.json``        one per look performed: ``{"look", "of", "seeds", "information_fraction", "alpha",
                                    "spending", "alpha_spent", "family_size", "first_step": {"share", "boundary_p",

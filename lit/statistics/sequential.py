@@ -4,7 +4,7 @@ A sequential sweep declares its looks up front (``--looks 3,6,9,12``: cumulative
 maximum). At each look every open comparison is tested on the seeds it has; it stops when its boundary is crossed
 (better or worse), when even the maximum seeds could not find the effect of interest (futility), or at the last
 look. This module holds the rules, as pure functions of numbers, so the sweep (``lit/sweep/looks.py``), the report
-and the calibration by simulation (``lit/compare/calibration.py``) run the very same code:
+and the calibration by simulation (``lit/compare/calibration.py``) run the very same code from this lower floor:
 
 - **The boundary** spends alpha with the O'Brien-Fleming-type function in the Lan-DeMets form, symmetric in the
   two directions (half of alpha on each side, as ldbounds and gsDesign draw a two-sided design). Its critical
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import optimize, stats
 
-from lit.compare import stats as compare_stats
+from lit.statistics.paired_tests import paired_t_p, sign_flip_p_matrix
 
 OBRIEN_FLEMING, POCOCK = "obrien_fleming", "pocock"
 ALPHA = 0.05
@@ -134,7 +134,7 @@ def _null_t_p(looks: tuple[int, ...]) -> np.ndarray:
     for start in range(0, REFERENCE_PATHS, _CHUNK):
         x = rng.standard_normal((_CHUNK, looks[-1]))
         for k, n in enumerate(looks):
-            p[k, start:start + _CHUNK] = compare_stats.paired_t_p(x[:, :n])
+            p[k, start:start + _CHUNK] = paired_t_p(x[:, :n])
     return p
 
 
@@ -229,14 +229,14 @@ def look_tests(differences: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     d = np.asarray(differences, dtype=float)
     finite = np.isfinite(d).all(axis=-1)
     with np.errstate(invalid="ignore"):
-        p = compare_stats.paired_t_p(np.where(np.isfinite(d), d, 0.0))
+        p = paired_t_p(np.where(np.isfinite(d), d, 0.0))
     t_tested = finite & ~np.isnan(p)
     with np.errstate(invalid="ignore"):
         direction = np.sign(np.where(np.isfinite(d), d, 0.0).mean(axis=-1))
     flip = ~t_tested
     if flip.any():
         rows = d[flip]
-        p[flip] = np.concatenate([compare_stats.sign_flip_p_matrix(rows[i:i + _FLIP_ROWS])
+        p[flip] = np.concatenate([sign_flip_p_matrix(rows[i:i + _FLIP_ROWS])
                                   for i in range(0, len(rows), _FLIP_ROWS)])  # 2^n patterns a row: in slices
         ranks = stats.rankdata(np.abs(np.nan_to_num(rows, nan=0.0)), axis=-1)
         direction[flip] = np.sign((np.sign(np.nan_to_num(rows, nan=0.0)) * ranks).sum(axis=-1))
