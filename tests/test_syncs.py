@@ -87,6 +87,7 @@ def test_no_sync_with_eight_micro_batches_in_bf16(workdir_with_store):
     assert_quiet_between_logs(json.loads(out.read_text()), 8)
 
 
+@pytest.mark.slow  # two fresh processes: ~25 s of CPU
 def test_no_sync_or_collective_on_a_step_that_logs_nothing_with_two_processes(tmp_path, empty_store):
     out = tmp_path / "syncs.json"
     (tmp_path / "mlflow.db").write_bytes(empty_store.read_bytes())
