@@ -57,6 +57,8 @@ def assert_complete_run(client, run):
     assert tags["plugin.norm"] == "rmsnorm" and tags["plugin.residual"] == "add"
     assert tags["plugin.projection.package"].startswith("arch-lab==")
     assert len(tags["mlflow.source.git.commit"]) == 40  # the project is a git checkout
+    (data,) = run.inputs.dataset_inputs  # the data, by digest (lit/tracking/dataset_input.py)
+    assert data.dataset.digest == tags["arch_lab.data.digest"] and "val/bpb" in run.data.metrics
     config = artifact_text(client, run.info.run_id, "config.yaml")
     assert "class_path: lit.language_model.LanguageModel" in config and "d_model: 32" in config
 

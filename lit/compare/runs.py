@@ -18,6 +18,7 @@ from lit.compare import stats
 from lit.errors import UserInputError
 from lit.sweep import protocol
 from lit.sweep.store import search_all_runs
+from lit.tracking.dataset_input import DATA_DIGEST_TAG
 from lit.tracking.downloads import quiet_downloads
 from lit.tracking.names import DEPTH_QUANTITY_PREFIXES, STREAM_RMS_PREFIX
 from lit.tracking.names import SPIKE_COUNT as SPIKE_METRIC
@@ -172,6 +173,7 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
     sizes = runs.groupby(["variant", "seed"]).size()
     duplicates = tuple((str(v), str(s), int(n)) for (v, s), n in sizes.items() if n > 1)
     kept_ids = set(kept[kept["outcome"] == protocol.FINISHED_OUTCOME].run_id)
+    refuse_different_data([r for r in finished if r.info.run_id in kept_ids], parent.info.run_id)
     logged = sorted({k for r in finished if r.info.run_id in kept_ids for k in r.data.metrics
                      if not k.startswith(SYSTEM_PREFIX)})
     if metric not in logged:
@@ -186,6 +188,21 @@ def load_sweep(client: MlflowClient, parent: Run, metric_of: str | None = None) 
                  tune_runs=sum(r.data.tags.get(protocol.PHASE) == protocol.TUNE_PHASE for r in children),
                  duplicates=duplicates, tuning=_tuning_table(children), examples=_examples(client, metric, kept_ids),
                  shared=_shared(client, spec, children, metric), **_course(client, parent.info.run_id))
+
+
+def refuse_different_data(runs: list[Run], sweep_run_id: str) -> None:
+    """Paired differences mean something only if every run saw the same data: runs whose dataset digests
+    (``arch_lab.data.digest``, lit/tracking/dataset_input.py) differ are refused. Runs without one are not judged."""
+    by_digest: dict[str, Run] = {}
+    for run in runs:
+        digest = run.data.tags.get(DATA_DIGEST_TAG)
+        if digest:
+            by_digest.setdefault(digest, run)
+    if len(by_digest) > 1:
+        shown = "; ".join(f"{d} ({r.data.tags.get(protocol.VARIANT, '?')}, seed {r.data.tags.get(protocol.SEED, '?')})"
+                          for d, r in list(by_digest.items())[:3])
+        raise UserInputError(f"the runs of sweep {sweep_run_id} saw different data (dataset digests {shown}), so their "
+                             f"differences do not pair; re-run the odd runs on the same shards and tokenizer")
 
 
 def _shared(client: MlflowClient, spec: dict, children: list[Run], metric: str) -> pd.DataFrame | None:

@@ -143,6 +143,7 @@ class TextDataModule(L.LightningDataModule):
         self.block_size, self.batch_size, self.num_workers = block_size, batch_size, num_workers
         self.val_fraction, self.prompt, self.num_samples = val_fraction, prompt, num_samples
         self.tokenizer: CharTokenizer | None = None
+        self.tokenizer_file = tokenizer
         if shards_dir is not None:
             meta = read_meta(Path(shards_dir))
             find_shards(shards_dir, "train")  # fail now, with a clear line, not inside the trainer
@@ -161,6 +162,21 @@ class TextDataModule(L.LightningDataModule):
             self.bytes_per_token = len(val_text.encode("utf-8")) / max(1, len(val_text))
             self.token_bytes = np.array([len(c.encode("utf-8")) for c in self.tokenizer.chars], dtype=np.int64)
             self.has_test_split = test_fraction > 0
+
+    def dataset_record(self) -> dict:
+        """What identifies these data (name, digest, source, profile), for MLflow's dataset input."""
+        from lit.data.fingerprint import shard_record, text_record
+
+        if self.shards_dir is not None:
+            meta = read_meta(Path(self.shards_dir))
+            tokenizer = self.tokenizer_file or meta.get("tokenizer")
+            sha = meta.get("tokenizer_sha256")
+            if sha is None and tokenizer and Path(tokenizer).is_file():
+                from lit.data.token_bytes import file_sha256
+
+                sha = file_sha256(tokenizer)
+            return shard_record(self.shards_dir, meta, sha)
+        return text_record(self.text, self.text_file or f"lit/data/{EMBEDDED_CORPUS}.txt")
 
     def _split_index(self, n_tokens: int) -> int:
         """Where the validation split starts: the last ``val_fraction`` of the tokens (one token per character)."""

@@ -13,6 +13,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 from torch import nn
 
+from lit.tracking.dataset_input import log_dataset
 from lit.tracking.logger import warn
 from lit.tracking.names import GIT_COMMIT, GIT_DIRTY, plugin_tag
 from lit.tracking.params import describe_changes, flatten, log_params
@@ -81,3 +82,4 @@ class LogConfigToMLflow(SaveConfigCallback):
                 warn(f"MLflow run {run_id} continues with other settings than it has as params: "
                      f"{describe_changes(changed)}; this launch's config is {filename}")
             client.log_batch(run_id, tags=[RunTag(k, v) for k, v in provenance_tags(pl_module).items()])
+            log_dataset(client, run_id, trainer.datamodule)  # run.inputs: what data, by digest
