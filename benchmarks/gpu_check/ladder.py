@@ -2,11 +2,13 @@
 
 Every rung trains on a fixed batch in bf16 autocast with fp32 cross-entropy. Contenders of a rung run in interleaved
 rounds (3 rounds x 10 steps, order rotated). The ceiling is the plain model compiled whole (``torch.compile``,
-fused AdamW). Ours runs eager, through the project's compile overlay (``lit.parallel.compile_blocks``, what
-``--model.compile`` does: compile time and graphs reported), compiled whole, and at ~1.3B sharded with FSDP2 on a
-one-process mesh (``lit.parallel.shard``, bf16 policy) with and without activation checkpointing
-(``lit.parallel.checkpoint_blocks``). Ours uses the project's AdamW (``AdamWOptimizer.build``); one contender adds
-``fused=True`` beside it when the project's is not fused already.
+fused AdamW). Ours runs eager; compiled as ``--model.compile`` compiles it (``lit.parallel.compile_model``: the
+whole model; compile time, graphs and breaks reported); compiled per block as it is under FSDP2; and at ~1.3B
+sharded with FSDP2 on a one-process mesh (``lit.parallel.shard``, bf16 policy) with and without activation
+checkpointing (``lit.parallel.checkpoint_blocks``). Ours uses the project's AdamW (``AdamWOptimizer.build``); one
+contender adds ``fused=True`` beside it when the project's is not fused already. (On a checkout whose overlay
+compiles per block, ``lit.parallel.compile_blocks``, that is the overlay, and ours is also compiled whole with
+``torch.compile`` directly.)
 
 Contenders come in priority order; one that does not fit the stage's time left (estimated from what was measured
 so far) is recorded as ``skipped: budget``. At ~1.3B the contenders do not all fit in memory at once, so the rung
@@ -39,10 +41,36 @@ from benchmarks.gpu_check.models import (
 from lit.compute import gpt_flops_per_token
 
 PLAIN_COMPILED, PLAIN_EAGER = "plain compiled", "plain eager"
-OURS_EAGER, OURS_OVERLAY, OURS_WHOLE, OURS_WHOLE_FUSED = ("ours eager", "ours compile overlay", "ours compiled whole",
-                                                         "ours compiled whole + fused AdamW")
+OURS_EAGER, OURS_OVERLAY, OURS_PER_BLOCK = "ours eager", "ours --model.compile", "ours compiled per block"
+OURS_WHOLE, OURS_OVERLAY_FUSED = "ours torch.compile whole", "ours --model.compile + fused AdamW"
 OURS_FSDP2, OURS_FSDP2_AC = "ours FSDP2", "ours FSDP2 + activation checkpointing"
-COMPILED = {PLAIN_COMPILED, OURS_OVERLAY, OURS_WHOLE, OURS_WHOLE_FUSED}
+COMPILED = {PLAIN_COMPILED, OURS_OVERLAY, OURS_PER_BLOCK, OURS_WHOLE, OURS_OVERLAY_FUSED}
+
+
+def overlay_is_whole() -> bool:
+    """Whether ``--model.compile`` compiles the whole model (``compile_model``) or, on older code, each block."""
+    import lit.parallel
+
+    return hasattr(lit.parallel, "compile_model")
+
+
+def compile_overlay(model: torch.nn.Module, per_block: bool = False) -> None:
+    """What ``--model.compile`` does to the model (``per_block``: what it does under FSDP2)."""
+    import lit.parallel
+
+    if overlay_is_whole():
+        lit.parallel.compile_model(model, per_block=per_block)
+    else:
+        lit.parallel.compile_blocks(model)
+
+
+def duplicate_of(name: str) -> str | None:
+    """The contender ``name`` would repeat, given what the overlay is, or None."""
+    if name == OURS_PER_BLOCK and not overlay_is_whole():
+        return OURS_OVERLAY  # the overlay already compiles per block
+    if name == OURS_WHOLE and overlay_is_whole():
+        return OURS_OVERLAY  # the overlay already compiles the whole model
+    return None
 
 
 @dataclass
@@ -63,9 +91,11 @@ def rungs(dry: bool) -> list[Rung]:
         s1b = Shape(2048, 24, 16, 1024, 50304, 4)
     # The dry run compiles each kind of contender once (at the first rung), to stay within a test's time.
     return [
-        Rung("124M", s124, [[PLAIN_COMPILED, OURS_EAGER, OURS_WHOLE, OURS_OVERLAY, OURS_WHOLE_FUSED]]),
-        Rung("350M", s350, [[PLAIN_EAGER, OURS_EAGER] + ([] if dry else [OURS_WHOLE, PLAIN_COMPILED])]),
-        Rung("1.3B", s1b, [[OURS_EAGER] + ([] if dry else [PLAIN_COMPILED]), [OURS_EAGER, OURS_FSDP2, OURS_FSDP2_AC]]),
+        Rung("124M", s124, [[PLAIN_COMPILED, OURS_EAGER, OURS_OVERLAY, OURS_PER_BLOCK, OURS_WHOLE]
+                            + ([] if dry else [OURS_OVERLAY_FUSED])]),
+        Rung("350M", s350, [[PLAIN_EAGER, OURS_EAGER] + ([] if dry else [OURS_OVERLAY, PLAIN_COMPILED])]),
+        # Plain first: it copies the untrained weights ours was counted on (ours eager trains in its warm-up).
+        Rung("1.3B", s1b, [([] if dry else [PLAIN_COMPILED]) + [OURS_EAGER], [OURS_EAGER, OURS_FSDP2, OURS_FSDP2_AC]]),
     ]
 
 
@@ -89,7 +119,7 @@ class Estimates:
         run = steps * self.step(rung, flops_per_token) * (2 if name == OURS_FSDP2_AC else 1)
         if name in COMPILED:
             per_layer = self.compile_s_per_layer or (0.5 if self.dry else 5.0)
-            run += per_layer * rung.shape.n_layers * (1.5 if name == OURS_OVERLAY else 1.0)
+            run += per_layer * rung.shape.n_layers * (1.5 if name == OURS_PER_BLOCK else 1.0)
         return run
 
 
@@ -114,6 +144,10 @@ def toggle_checkpointing(model: torch.nn.Module, on: bool) -> None:
     else:
         for block in blocks(model):
             vars(block).pop("forward", None)
+    if any(("forward" in vars(block)) != on for block in blocks(model)):
+        raise RuntimeError("lit.parallel.checkpoint_blocks no longer wraps each block's forward as an instance "
+                           "attribute, so the check cannot switch checkpointing off and on: update "
+                           "toggle_checkpointing")
 
 
 class Builder:
@@ -150,11 +184,11 @@ class Builder:
             model = self.rung.models.get(OURS_EAGER) if name == OURS_EAGER else None
             model = model or build_ours(shape, device)
             forward = model
-            if name == OURS_OVERLAY:
-                from lit.parallel import compile_blocks
-
-                compile_blocks(model)
-            elif name in (OURS_WHOLE, OURS_WHOLE_FUSED):
+            if name in (OURS_OVERLAY, OURS_OVERLAY_FUSED):
+                compile_overlay(model)
+            elif name == OURS_PER_BLOCK:
+                compile_overlay(model, per_block=True)
+            elif name == OURS_WHOLE:
                 forward = torch.compile(model, dynamic=False)
             elif name == OURS_FSDP2:
                 from lit.parallel import shard
@@ -162,7 +196,7 @@ class Builder:
                 if self.mesh is None:
                     self.mesh, self.ctx.created_process_group = process_group(device)
                 shard(model, self.mesh, "bf16-mixed")
-            opt = fused_adamw(model, device) if name == OURS_WHOLE_FUSED else project_adamw(model)
+            opt = fused_adamw(model, device) if name == OURS_OVERLAY_FUSED else project_adamw(model)
         info.update(optimizer="fused AdamW" if is_fused(opt) else ("project AdamW" if name.startswith("ours")
                                                                  else "AdamW"), parameters=parameter_count(model))
         self.rung.models[name] = model
@@ -203,9 +237,12 @@ def run_rung(ctx, clock, rung: Rung, est: Estimates) -> dict:
                 if rung.contenders[name].alive:
                     live.append(rung.contenders[name])
                 continue
-            if name == OURS_WHOLE_FUSED and rung.contenders.get(OURS_WHOLE) is not None and \
-                    rung.contenders[OURS_WHOLE].info.get("optimizer") == "fused AdamW":
+            if name == OURS_OVERLAY_FUSED and rung.contenders.get(OURS_EAGER) is not None and \
+                    rung.contenders[OURS_EAGER].info.get("optimizer") == "fused AdamW":
                 rows[name] = {"status": "not needed: the project's AdamW is fused"}
+                continue
+            if duplicate_of(name):
+                rows[name] = {"status": f"not needed: the same as {duplicate_of(name)}"}
                 continue
             estimate = est.contender(rung, name, flops, 1 + warmup + rounds * steps)
             if not clock.fits(estimate):
@@ -230,7 +267,7 @@ def run_rung(ctx, clock, rung: Rung, est: Estimates) -> dict:
                               graph_breaks=after["breaks"] - before_graphs["breaks"])
                 if c.info["compile_s"]:
                     est.compile_s_per_layer = c.info["compile_s"] / rung.shape.n_layers / (
-                        1.5 if name == OURS_OVERLAY else 1.0)
+                        1.5 if name == OURS_PER_BLOCK else 1.0)
             if c.alive:
                 live.append(c)
                 est.step_s.setdefault(rung.name, c.info.get("device_step_s") or c.info.get("first_step_s") or 1.0)

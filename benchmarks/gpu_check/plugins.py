@@ -115,8 +115,6 @@ def paired(base_step, c: measure.Contender, device, rounds: int, steps: int, war
         row.update(step_ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
                    rounds=len(ratios), variant_step_s=statistics.median(c.step_s),
                    baseline_step_s=statistics.median(base.step_s))
-    if "peak_allocated_gib" in c.info:
-        row["peak_allocated_gib"] = c.info["peak_allocated_gib"]
     return row
 
 

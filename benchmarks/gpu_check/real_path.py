@@ -124,7 +124,8 @@ class CudaSyncWarnings:
 
     def _show(self, message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message).lower():
-            self.events.append((self.state["step"], "cuda_sync", call_site(traceback.extract_stack()[:-1])))
+            stack = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith("/warnings.py")]
+            self.events.append((self.state["step"], "cuda_sync", call_site(stack)))
 
     def __enter__(self):
         self._catch = warnings.catch_warnings()
@@ -152,7 +153,8 @@ class Audit(L.Callback):
         self.state = {"step": -1}
         self.stamps: dict[str, float] = {}
         self.batch_end: dict[int, float] = {}
-        self.syncs: list = []
+        self.syncs: list = []  # from the dispatch counter: device-independent
+        self.cuda_syncs: list = []  # from CUDA's sync debug mode (a GPU only)
         self.profile: dict | None = None
         self._counter = self._cuda = self._prof = None
 
@@ -199,7 +201,7 @@ class Audit(L.Callback):
     def _stop_sync_count(self):
         if self._cuda is not None:
             self._cuda.__exit__(None, None, None)
-            self.syncs += self._cuda.events
+            self.cuda_syncs += self._cuda.events
             self._cuda = None
         if self._counter is not None:
             self._counter.__exit__(None, None, None)
@@ -226,9 +228,12 @@ class Audit(L.Callback):
         self._prof = None
 
 
-RUNTIME_CALLS = {"launches": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"),
-                 "stream_syncs": ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"),
-                 "memcpys": ("cudaMemcpyAsync", "cudaMemcpy")}
+# CUDA runtime and driver calls the profiler records, by name prefix (versions add suffixes such as _v7000 or ExC).
+RUNTIME_CALLS = {"launches": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel"),
+                 "graph_launches": ("cudaGraphLaunch", "cuGraphLaunch"),
+                 "stream_syncs": ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                                  "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize"),
+                 "memcpys": ("cudaMemcpy", "cuMemcpy")}
 
 
 def profile_counts(prof, steps: int, wall_s: float, cuda: bool) -> dict:
@@ -241,8 +246,8 @@ def profile_counts(prof, steps: int, wall_s: float, cuda: bool) -> dict:
         if getattr(event, "device_type", None) == DeviceType.CUDA:
             kernel_us += event.time_range.elapsed_us()
             continue
-        for kind, names in RUNTIME_CALLS.items():
-            if name in names:
+        for kind, prefixes in RUNTIME_CALLS.items():
+            if name.startswith(prefixes):
                 counts[kind] += 1
         parent = getattr(event, "cpu_parent", None)
         if name.startswith("aten::") and (parent is None or not parent.name.startswith("aten::")):
@@ -324,6 +329,8 @@ def run_fit(ctx, precision: str) -> dict:
         steady_steps=len(gaps),
         teardown_s=t_return - s.get("train_end", t_return),
         syncs=sync_report(audit.syncs, range(*sync_window), log_every),
+        cuda_sync_warnings=(sync_report(audit.cuda_syncs, range(*sync_window), log_every)
+                            if getattr(audit, "device", torch.device("cpu")).type == "cuda" else None),
         profile=audit.profile,
     )
     return out

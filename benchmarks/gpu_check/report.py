@@ -89,22 +89,25 @@ def _real_path(b: dict) -> list[str]:
     rows = []
     for precision, fit in b.get("fits", {}).items():
         if fit.get("status") != "ran":
-            rows.append([precision, fit.get("status", "?"), *["–"] * 9])
+            rows.append([precision, fit.get("status", "?"), *["–"] * 10])
             continue
         syncs, prof = fit.get("syncs") or {}, fit.get("profile") or {}
+        cuda = fit.get("cuda_sync_warnings") or {}
         rows.append([precision, "ran", _f(fit.get("startup_s"), "{:.2f}"), _f(fit.get("median_step_s"), "{:.4f}"),
                      _f(fit.get("teardown_s"), "{:.2f}"), _f(syncs.get("mean_per_step"), "{:.1f}"),
-                     str(syncs.get("max_on_steps_that_log_nothing", "–")),
+                     str(syncs.get("max_on_steps_that_log_nothing", "–")), _f(cuda.get("mean_per_step"), "{:.1f}"),
                      _f(prof.get("launches_per_step"), "{:.0f}"), _f(prof.get("stream_syncs_per_step"), "{:.1f}"),
                      _f(prof.get("memcpys_per_step"), "{:.1f}"), _pct(prof.get("gpu_busy_fraction"))])
     lines += _table(["precision", "status", "startup s", "median step s", "teardown s", "syncs/step",
-                     "max syncs on a step that logs nothing", "launches/step", "stream syncs/step",
-                     "memcpys/step", "GPU busy"], rows)
+                     "max syncs on a step that logs nothing", "CUDA sync warnings/step", "launches/step",
+                     "stream syncs/step", "memcpys/step", "GPU busy"], rows)
     for precision, fit in b.get("fits", {}).items():
-        sites = (fit.get("syncs") or {}).get("by_site_per_step") or {}
-        if sites:
-            lines += ["", f"Syncs per step by site ({precision}):", ""]
-            lines += [f"- {n:.2f} × `{site}`" for site, n in list(sites.items())[:12]]
+        for key, title in (("syncs", "Syncs"), ("cuda_sync_warnings", "CUDA sync warnings")):
+            sites = (fit.get(key) or {}).get("by_site_per_step") or {}
+            if sites:
+                lines += ["", f"{title} per step by site ({precision}, steps {fit[key]['steps'][0]}-"
+                              f"{fit[key]['steps'][1]}):", ""]
+                lines += [f"- {n:.2f} × `{site}`" for site, n in list(sites.items())[:12]]
         parts = fit.get("startup_parts_s")
         if parts:
             lines += ["", f"Startup parts ({precision}): " + ", ".join(f"{k} {v:.2f} s" for k, v in parts.items())]

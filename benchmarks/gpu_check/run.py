@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None, start: float | None = None,
             continue
         entry["status"] = "running"
         running.update(entry=entry, t0=clock())
+        cpu0 = time.process_time()
         print(f"[{letter}] {stage_clock.allotted_s:.0f} s allotted", flush=True)
         try:
             with measure.compile_backend("aot_eager" if args.dry else None), \
@@ -197,6 +198,7 @@ def main(argv: list[str] | None = None, start: float | None = None,
         finally:
             running.clear()
             entry["wall_s"] = stage_clock.elapsed()
+            entry["cpu_s"] = time.process_time() - cpu0  # the host's CPU seconds (all threads)
             if stage_clock.left() < 0:
                 entry["overran_s"] = -stage_clock.left()  # an estimate was short: later stages get less
             measure.free_memory(device)
