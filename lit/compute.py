@@ -3,7 +3,8 @@
 Curves drawn against compute, and effective-compute multipliers read off them, need the FLOPs a run spent. They
 are counted from the model as built (whatever its plugins: Pattention's token attention, LAUREL's low-rank
 matrices, hyper-connections' mixing), not from a formula that knows only the baseline: one forward pass of one
-sample runs under ``torch.utils.flop_counter.FlopCounterMode``, which counts every matrix product and the
+sample runs on fake tensors (shapes and dtypes only: no arithmetic, no memory, so a 1B model at T = 2048 costs
+what a toy does) under ``torch.utils.flop_counter.FlopCounterMode``, which counts every matrix product and the
 attention (``scaled_dot_product_attention`` over the full T x T, as PaLM's and Chinchilla's counts do, with no
 discount for the causal mask). Training costs three forward passes (the backward pass is two: gradients with
 respect to inputs and to weights), the convention of Kaplan et al. and Chinchilla.
@@ -17,8 +18,11 @@ applied per token), against which the counted value of the baseline is checked.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
 from lit.models.gpt import GPT
@@ -42,17 +46,20 @@ CUSTOM_FLOPS = {} if _CPU_SDPA is None or _CPU_SDPA in flop_registry else {_CPU_
 def _forward_flops(model: nn.Module, example: torch.Tensor) -> int:
     """The FLOPs of one forward pass of ``example`` (batch of one), with no side effect on the model.
 
-    Eval mode keeps batch-statistics norms from updating their running statistics, and the random state is
-    restored, so counting does not change what training does next.
+    The forward runs on a copy of the model whose parameters and buffers are fake tensors (shapes and dtypes,
+    no storage): nothing is computed but each operator's output shape, which is all a FLOP count needs, and
+    whatever the forward changes (a module's cached statistic, BHyT's "refresh at the first forward") changes the
+    copy, not the model. Eval mode keeps batch-statistics norms from updating, and the random state is restored.
     """
-    was_training = model.training
     cpu_rng = torch.get_rng_state()
-    model.eval()
+    fake = FakeTensorMode(allow_non_fake_inputs=True)  # small tensors kept in plain attributes stay real
+    memo = {id(t): fake.from_tensor(t) for t in (*model.parameters(), *model.buffers())}
+    shadow = copy.deepcopy(model, memo)
+    shadow.eval()
     try:
-        with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter:
-            model(example)
+        with torch.no_grad(), fake, FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter:
+            shadow(fake.from_tensor(example))
     finally:
-        model.train(was_training)
         torch.set_rng_state(cpu_rng)
     return counter.get_total_flops()
 
