@@ -4,7 +4,7 @@ Model code stays single-device. ``ArchitectureTask.configure_model`` (lit/task.p
 ``Block`` and in torchtitan's order:
 
 1. activation checkpointing (``checkpoint_blocks``): a block's activations are recomputed in backward;
-2. ``torch.compile`` (``compile_blocks``): each block is compiled on its own;
+2. ``torch.compile`` (``compile_model``): the whole model as one graph, or each block on its own under FSDP2;
 3. FSDP2 (``shard``), when the strategy provides a device mesh: each block becomes one ``fully_shard``
    unit (its parameters are all-gathered for its forward and backward, then freed; the last block's stay
    gathered between its forward and backward), the embedding another, and the readout (final norm site, head,
@@ -20,6 +20,7 @@ process in one data-parallel group.
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 
 import torch
@@ -72,15 +73,45 @@ def _recomputed(forward):
     return run
 
 
-def compile_blocks(model: nn.Module) -> None:
-    """``torch.compile`` each block in place (parameter names unchanged); idempotent."""
-    model_blocks = blocks(model)
-    # Blocks share one forward, but each sees a residual history of a different length, so dynamo keeps
-    # one graph per depth: allow one per block (the default limit of 8 would drop deep models to eager).
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(model_blocks) + 8)
-    for block in model_blocks:
-        if getattr(block, "_compiled_call_impl", None) is None:
-            block.compile()
+def compile_model(model: nn.Module, *, per_block: bool = False, **options) -> None:
+    """``torch.compile`` the model in place (parameter names unchanged); idempotent. ``options`` go to
+    ``torch.compile`` (a test passes ``backend``).
+
+    Whole (the default): the model is one graph, traced with ``fullgraph=True`` (nanoGPT's and modded-nanogpt's
+    way). The residual history is made and used up inside that one forward, so its entries are no Python state
+    that dynamo guards: one graph for training and one for evaluation, whatever the depth
+    (``tests/test_compile_graphs.py``, over every registered plugin). Should a component break the graph
+    anyway, the model still compiles, with breaks, and a warning names the break once.
+
+    ``per_block``: each block compiled on its own, for FSDP2 (torchtitan's choice): dynamo does not trace
+    FSDP2's hooks, which sit at every block's edges, so a whole-model graph would break there. Blocks whose
+    Python state is the same share one graph; a residual whose merges differ by depth (LAUREL-PA's count of
+    earlier streams, AttnRes's sources) gets one graph per depth, so the recompile limit allows one per block.
+    """
+    if per_block:
+        model_blocks = blocks(model)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(model_blocks) + 8)
+        for block in model_blocks:
+            if getattr(block, "_compiled_call_impl", None) is None:
+                block.compile(**options)
+        return
+    if getattr(model, "_compiled_call_impl", None) is not None:
+        return
+    model.compile(fullgraph=True, **options)
+    compiled = {"one graph": model._compiled_call_impl}
+
+    def call(*args, **kwargs):
+        if "with breaks" in compiled:
+            return compiled["with breaks"](*args, **kwargs)
+        try:
+            return compiled["one graph"](*args, **kwargs)
+        except torch._dynamo.exc.Unsupported as exc:  # raised while tracing, before any of the graph ran
+            warnings.warn(f"torch.compile: the model does not compile as one graph, so it runs as several "
+                          f"(slower): {str(exc).splitlines()[0]}", stacklevel=2)
+            compiled["with breaks"] = torch.compile(model._call_impl, **options)
+            return compiled["with breaks"](*args, **kwargs)
+
+    model._compiled_call_impl = call
 
 
 def shard(model: nn.Module, device_mesh, precision: str | None = None) -> nn.Module:

@@ -30,7 +30,7 @@ from lit.errors import UserInputError
 from lit.log_steps import is_log_step
 from lit.matmul_precision import allow_tf32
 from lit.optim import configure, select_optimizer
-from lit.parallel import checkpoint_blocks, compile_blocks, shard
+from lit.parallel import checkpoint_blocks, compile_model, shard
 from lit.schedules import check as check_schedule
 from lit.throughput import ThroughputWindow, device_peak, mfu
 from lit.tracking import per_example
@@ -40,7 +40,7 @@ EXECUTION_OPTIONS = ("compile", "activation_checkpointing", "diagnostics")
 
 class ArchitectureTask(L.LightningModule):
     """Args:
-        compile: ``torch.compile`` each transformer block.
+        compile: ``torch.compile`` the model as one graph (each block on its own under FSDP2).
         activation_checkpointing: recompute each block's activations in backward.
         items: what training throughput counts (``tokens``, ``images``): logged as ``train/<items>_per_s``.
         diagnostics: what the diagnostics callback records and how often (``lit/diagnostics``).
@@ -49,7 +49,7 @@ class ArchitectureTask(L.LightningModule):
     def __init__(self, compile: bool = False, activation_checkpointing: bool = False, items: str = "samples",
                  diagnostics: DiagnosticsConfig | None = None):
         super().__init__()
-        self.compile_each_block, self.recompute_activations = compile, activation_checkpointing
+        self.compiled, self.recompute_activations = compile, activation_checkpointing
         self.diagnostics = diagnostics if diagnostics is not None else DiagnosticsConfig()
         self.throughput, self.throughput_metric = ThroughputWindow(), f"train/{items}_per_s"
         self.peak_flops: float | None = None  # the device's dense peak for the run's dtype; None: no train/mfu
@@ -143,8 +143,8 @@ class ArchitectureTask(L.LightningModule):
         # torchtitan's order: activation checkpointing, then compile, then FSDP2 (strategies with a device mesh).
         if self.recompute_activations:
             checkpoint_blocks(self.model)
-        if self.compile_each_block:
-            compile_blocks(self.model)
+        if self.compiled:
+            compile_model(self.model, per_block=self.device_mesh is not None)
         if self.device_mesh is not None:
             shard(self.model, self.device_mesh, self.trainer.precision if self._trainer else None)
 
@@ -195,9 +195,9 @@ class ArchitectureTask(L.LightningModule):
         self._check_resumed_schedule()
         self.peak_flops = device_peak(self.trainer.strategy.root_device, self.trainer.precision)
         if getattr(self, "random_numbers", None) == BY_NAME and getattr(self, "_streams", None) is None:
-            # Hooks inside a compiled block would break its graph: compiled runs key the stream by batch only.
+            # Hooks inside the compiled model would break its graph: compiled runs key the stream by batch only.
             self._streams = RuntimeStreams(self.model, self.random_numbers_seed, self.global_rank,
-                                           per_module=not self.compile_each_block)
+                                           per_module=not self.compiled)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if getattr(self, "_streams", None) is not None:

@@ -11,7 +11,7 @@ import torch
 
 from lit.language_model import LanguageModel
 from lit.models import TransformerConfig
-from lit.parallel import checkpoint_blocks, compile_blocks
+from lit.parallel import checkpoint_blocks, compile_model
 
 # A history-reading residual, nGPT's unit-norm plumbing, Pattention; dropout checks random-state replay.
 ARCHS = {
@@ -77,12 +77,14 @@ def test_activation_checkpointing_recomputes_each_block_in_backward():
     assert len(calls) == 3  # nothing to recompute without gradients
 
 
-def test_compiled_blocks_compute_what_eager_blocks_compute():
+@pytest.mark.parametrize("per_block", [False, True], ids=["whole", "per_block"])
+def test_a_compiled_model_computes_what_the_eager_model_computes(per_block):
     reference = model(ARCHS["laurel_rw_lr_pa"])
     expected_loss, expected_grads = loss_and_grads(reference)
     compiled = model(ARCHS["laurel_rw_lr_pa"])
-    compile_blocks(compiled.model)
-    assert all(b._compiled_call_impl is not None for b in compiled.model.stack.blocks)
+    compile_model(compiled.model, per_block=per_block)
+    parts = compiled.model.stack.blocks if per_block else [compiled.model]
+    assert all(part._compiled_call_impl is not None for part in parts)
     loss, grads = loss_and_grads(compiled)
     torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-5)
     for n, g in grads.items():
