@@ -26,7 +26,15 @@ def real_count(model: GPT, seq: int) -> float:
     return TRAINING_PASSES * counter.get_total_flops() / seq
 
 
-@pytest.mark.parametrize("kind, name", [(kind, name) for kind in KINDS for name in registry.names(kind)])
+# By default the components whose forward does something unusual (a refresh at the first forward, a wider stream,
+# per-token coefficients, parameter tokens, nGPT's pair); every registered one under -m slow.
+DEFAULT = {("norm", "rmsnorm"), ("norm", "bhyt"), ("norm", "prepbn"), ("residual", "mhc"), ("residual", "ngpt"),
+           ("residual", "laurel_rw_lr_pa"), ("projection", "pattention"), ("parametrization", "completep")}
+EVERY = [pytest.param(kind, name, marks=() if (kind, name) in DEFAULT else pytest.mark.slow)
+         for kind in KINDS for name in registry.names(kind)]
+
+
+@pytest.mark.parametrize("kind, name", EVERY)
 def test_the_count_on_fake_tensors_equals_a_real_forward(kind, name):
     arch = {kind: name, **PARTNERS.get((kind, name), {})}
     # d_model 48: 3PT's phases, LAUREL's rank.
