@@ -10,7 +10,7 @@ What it measures, bf16 autocast, fp32 parameters and stream (Lightning's bf16-mi
 2. Whole training steps (forward, cross-entropy, backward, AdamW, zero_grad; nGPT also the unit-norm
    renormalisation its callback runs) of recipes/gpt_ngpt.yaml, recipes/gpt_tokenformer.yaml and
    recipes/gpt_baseline.yaml scaled to d_model 1024: eager, torch.compile, the kernels, and the kernels under
-   torch.compile (the kernels are opaque to it: a graph break each), in interleaved rounds.
+   torch.compile (the kernels are custom ops, opaque to it, with no graph break), in interleaved rounds.
 3. The goals: nGPT step / GPT step <= 1.05 with the kernels (the paper's unfused code: 1.6-1.8);
    a Pattention FFN / a dense GELU MLP of equal FLOPs (tokens = hidden width) <= 1.02; every kernel >= 70% of
    peak bandwidth.
