@@ -15,11 +15,10 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-# Imported so that recipes may name these classes by short name.
-import lit.data.digits  # noqa: F401
-import lit.data.imagenet  # noqa: F401
+# Imported so that recipes may name these classes by short name. The image task and DataModules are not: they
+# import timm (and torchvision) when a recipe names them (lit.image_classifier.ImageClassifier,
+# lit.data.DigitsDataModule), so a text run never pays for them.
 import lit.data.text  # noqa: F401
-import lit.image_classifier  # noqa: F401
 import lit.language_model  # noqa: F401
 from lit.checkpoint_writing import install as install_whole_checkpoint_writer
 from lit.checkpoints import check_fits, checkpoint_shapes
@@ -53,7 +52,30 @@ def _condense(message: str) -> str:
     return "; ".join(line for line in lines if line and not line.startswith(_NOISE))
 
 
+# Parsers kept for the next run in this process, by whether they have subcommands; None: build one per run.
+_reused_parsers: dict[bool, tuple] | None = None
+
+
+def reuse_parsers() -> None:
+    """Build the CLI's parser once in this process and reuse it for every later run (a sweep worker runs
+    many): building it resolves every class signature again, a second or more per run. A parse reads its
+    arguments into a new namespace and leaves the parser as it was."""
+    global _reused_parsers
+    if _reused_parsers is None:
+        _reused_parsers = {}
+
+
 class ArchLabCLI(LightningCLI):
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        if _reused_parsers is not None and add_subcommands in _reused_parsers:
+            self.parser, self._subcommand_method_arguments, self._subcommand_parsers = \
+                _reused_parsers[add_subcommands]
+            return
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if _reused_parsers is not None:
+            _reused_parsers[add_subcommands] = (self.parser, getattr(self, "_subcommand_method_arguments", None),
+                                                getattr(self, "_subcommand_parsers", None))
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Facts of the data reach the model without being typed twice (they are not meant to be set).
         # A model that does not take a fact (a LanguageModel has no num_classes) ignores its link.

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lit.errors import USER_ERROR_EXIT_CODE, UserInputError, one_line_errors
+from lit.lazy_imports import install as install_lazy_imports
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ COMMANDS: dict[str, Command] = {
     "sync": Command("lit.tracking.sync:main", "send metrics kept while the tracking server was away, or copy a run"),
     "train-tokenizer": Command("lit.data.tokenizer_training:main", "train a byte-level BPE tokenizer on a corpus"),
     "prepare-data": Command("lit.data.prepare:main", "tokenize a corpus (text, JSONL, parquet) into token shards"),
+    "import-hf": Command("lit.interop.gpt2:main", "turn a local Hugging Face GPT-2 folder into a checkpoint"),
     "coord-check": Command("lit.scale.coord_check_command:main",
                            "check a parametrization: layer scales against width or depth, figure and slopes"),
 }
@@ -75,6 +77,7 @@ def _dispatch(argv: list[str]) -> Any:
         raise UserInputError(f"unknown subcommand '{name}'{hint} `python cli.py --help` lists them")
     command = COMMANDS[name]
     module, function = command.target.split(":")
+    install_lazy_imports()  # before anything imports Lightning: torchmetrics then skips scipy, torchvision, matplotlib
     run = getattr(importlib.import_module(module), function)
     try:
         return run(argv if command.with_name else rest)

@@ -10,7 +10,6 @@ the rest and in permutation order, the first ``round(test_fraction * n_class)`` 
 from __future__ import annotations
 
 import torch
-from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit.data.images import ImageDataModule
@@ -42,6 +41,8 @@ class DigitsDataModule(ImageDataModule):
         self.num_classes, self.image_size, self.in_chans = 10, 8, 1
 
     def setup(self, stage: str | None = None) -> None:
+        from sklearn.datasets import load_digits  # scikit-learn (and pandas with it) only when the digits are used
+
         digits = load_digits()
         images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 8.0 - 1.0  # pixels are 0..16
         labels = torch.tensor(digits.target, dtype=torch.long)

@@ -83,7 +83,10 @@ def stop(worker: Worker) -> None:
 
 
 def _serve(run: Callable[[int], int], log_for: Callable[[int], Path], threads: int, tasks, results_fd: int) -> None:
+    from lit.cli import reuse_parsers
+
     _become_worker(threads)
+    reuse_parsers()
     baseline = ProcessState.capture()
     for line in tasks:
         index = int(line)
@@ -110,19 +113,18 @@ def _run_one(run: Callable[[int], int], index: int) -> int:
         traceback.print_exc()
         return 1
     finally:
+        mlflow = sys.modules.get("mlflow")  # a run that never imported it has nothing queued
         try:
-            import mlflow
-
-            mlflow.flush_async_logging()
+            if mlflow is not None:
+                mlflow.flush_async_logging()
         except Exception:  # nothing queued, or the store is gone: the exit code says what happened
             pass
 
 
 def _become_worker(threads: int) -> None:
     """Fresh DB connections and this worker's share of the cores (the parent's connections stay the parent's)."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    for engine in list(SqlAlchemyStore._engine_map.values()):
+    store = sys.modules.get("mlflow.store.tracking.sqlalchemy_store")  # None: no connection to inherit
+    for engine in list(store.SqlAlchemyStore._engine_map.values()) if store is not None else []:
         engine.dispose(close=False)  # SQLAlchemy's rule for a forked process
     import torch
 
@@ -185,10 +187,9 @@ class ProcessState:
 def reset_between_runs() -> None:
     """Global state a run leaves in libraries: an MLflow run still active, compiled graphs (dynamo's caches
     would count the next run's model against the recompile limit), the memory of the last run."""
+    mlflow = sys.modules.get("mlflow")
     try:
-        import mlflow
-
-        while mlflow.active_run() is not None:
+        while mlflow is not None and mlflow.active_run() is not None:
             mlflow.end_run()
     except Exception:  # the store is gone: the next run opens its own connection and says so
         pass
