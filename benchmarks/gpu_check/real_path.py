@@ -194,9 +194,16 @@ class Audit(L.Callback):
         self.batch_end[trainer.global_step] = time.perf_counter()  # global_step now counts this batch
 
     def on_train_end(self, trainer, pl_module):
+        self.close()
+        self._stamp("train_end")
+
+    def on_exception(self, trainer, pl_module, exception):
+        self.close()
+
+    def close(self):
+        """Leave the sync counting and the profiler, wherever the fit stopped (idempotent)."""
         self._stop_sync_count()
         self._stop_profile()
-        self._stamp("train_end")
 
     def _stop_sync_count(self):
         if self._cuda is not None:
@@ -303,6 +310,9 @@ def run_fit(ctx, precision: str) -> dict:
             main(args)
         except SystemExit as exc:
             exit_code = exc.code
+        finally:
+            if PLAN.get("audit") is not None:  # a fit that failed must not leave sync warnings on for later stages
+                PLAN["audit"].close()
         t_return = time.perf_counter()
     audit: Audit | None = PLAN.get("audit")
     out: dict = {"args": args[1:], "exit_code": exit_code}

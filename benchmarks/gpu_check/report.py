@@ -140,11 +140,13 @@ def _ladder(c: dict) -> list[str]:
             rows.append([cname, r.get("status"), _ms(r.get("step_s")), _f(r.get("tokens_per_s"), "{:,.0f}"),
                          _pct(r.get("mfu_spec")), _pct(r.get("mfu_measured_gemm")), _f(r.get("over_ceiling"),
                                                                                        "{:.3f}"),
-                         _f(r.get("peak_allocated_gib"), "{:.1f}"), _f(r.get("compile_s"), "{:.1f}"),
+                         f"{_f(r.get('peak_allocated_gib'), '{:.1f}')} / {_f(r.get('peak_reserved_gib'), '{:.1f}')}",
+                         _f(r.get("compile_s"), "{:.1f}"),
                          f"{r['graphs']}/{r['graph_breaks']}" if "graphs" in r else "–", _f(r.get("host_bound")),
                          r.get("optimizer", "–")])
         lines += _table(["contender", "status", "step ms median [p20-p80]", "tokens/s", "MFU (spec)",
-                         "MFU (measured GEMM)", "/ ceiling", "peak GiB", "compile s", "graphs/breaks", "host-bound",
+                         "MFU (measured GEMM)", "/ ceiling", "peak GiB (own / reserved)", "compile s", "graphs/breaks",
+                         "host-bound",
                          "optimizer"], rows)
     return lines
 
