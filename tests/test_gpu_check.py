@@ -117,14 +117,16 @@ def test_budget_gives_each_stage_its_share_of_what_is_left():
     assert budget.open("C").allotted_s == 0 and budget.left() < 0
 
 
-def _fake_stages(monkeypatch, now, *, a_takes: float = 0.0, b_raises: bool = False):
+def _fake_stages(monkeypatch, now, *, a_takes: float = 0.0, b_raises: bool = False, a_sleeps: float = 0.0):
     calls = []
+    monkeypatch.setattr(run, "commit", lambda: "test")  # git status costs seconds on a busy machine
 
     def stage(letter):
         def go(ctx, clock, out):
             calls.append(letter)
             if letter == "A":
                 now[0] += a_takes
+                time.sleep(a_sleeps)
             if letter == "B" and b_raises:
                 raise RuntimeError("stage B broke")
             out["ran"] = True
@@ -159,6 +161,24 @@ def test_the_watchdog_fires_at_its_deadline():
     fired = threading.Event()
     Watchdog(time.monotonic() + 0.05, fired.set).start()
     assert fired.wait(5)
+
+
+def test_a_stage_stuck_past_the_deadline_is_cut_off_with_what_was_measured(monkeypatch, tmp_path):
+    """The watchdog writes the report, the running stage marked ``killed: budget``, and ends the process."""
+    _fake_stages(monkeypatch, [0.0], a_sleeps=1.5)
+    monkeypatch.setattr(run, "GRACE_S", 0.0)
+    monkeypatch.setattr(run, "RESERVE_S", 0.0)
+    ended = {}
+
+    def exit_instead(code):  # the real one ends the process; here: what it would leave behind
+        ended["code"] = code
+        ended["report"] = json.loads((tmp_path / "gpu_check_cpu.json").read_text())
+
+    monkeypatch.setattr(run.os, "_exit", exit_instead)
+    run.main(["--dry", "--budget_s", "0.5", "--out", str(tmp_path)])
+    assert ended["code"] == 3
+    assert ended["report"]["stages"]["A"]["status"] == "killed: budget"
+    assert "B" not in ended["report"]["stages"]  # never started
 
 
 @pytest.mark.parametrize("argv, expected", [
