@@ -134,6 +134,9 @@ def _become_worker(threads: int) -> None:
         signal.signal(sig, signal.SIG_DFL)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    # What the sweep imported lives as long as the worker: out of the collector's way, the collection between
+    # runs (which frees the last run's model) scans only what runs created.
+    gc.freeze()
 
 
 def _point_output_to(log_path: Path) -> None:
