@@ -58,8 +58,8 @@ class TransformerConfig:
     d_model: int = 256
     n_layers: int = 6
     n_heads: int = 4
-    # relu2: ReLU(x)^2 (Primer; modded-nanogpt's MLP).
-    mlp: Literal["swiglu", "gelu", "relu2"] = "swiglu"
+    # relu2: ReLU(x)^2 (Primer; modded-nanogpt's MLP). gelu_tanh: GELU's tanh approximation (GPT-2's gelu_new).
+    mlp: Literal["swiglu", "gelu", "gelu_tanh", "relu2"] = "swiglu"
     # Hidden width of the MLP; None: 4*d for GELU and ReLU^2, 2/3 of that (rounded up to 64) for SwiGLU,
     # so both have the same parameter count.
     mlp_hidden: int | None = None
@@ -100,7 +100,7 @@ class TransformerConfig:
     def resolved_mlp_hidden(self) -> int:
         if self.mlp_hidden is not None:
             return self.mlp_hidden
-        if self.mlp in ("gelu", "relu2"):
+        if self.mlp in ("gelu", "gelu_tanh", "relu2"):
             return 4 * self.d_model
         return 64 * math.ceil(4 * self.d_model * 2 / 3 / 64)
 
@@ -227,6 +227,7 @@ class MLP(nn.Module):
         super().__init__()
         d, hidden, proj = cfg.d_model, stack.mlp_hidden, plugins.projection
         self.gated, self.relu2 = cfg.mlp == "swiglu", cfg.mlp == "relu2"
+        self.gelu_approximation = "tanh" if cfg.mlp == "gelu_tanh" else "none"
         widths, roles = ([hidden, hidden], [Role.MLP_IN, Role.MLP_GATE]) if self.gated else ([hidden], [Role.MLP_IN])
         self.up = proj.fused(d, widths, roles, layer, stack, bias=cfg.bias,
                              init_std=_init_std(cfg, Role.MLP_IN, plugins, stack))
@@ -243,7 +244,7 @@ class MLP(nn.Module):
             return self.down(value * F.silu(gate))
         if self.relu2:
             return self.down(F.relu(u).square())
-        return self.down(F.gelu(u))
+        return self.down(F.gelu(u, approximate=self.gelu_approximation))
 
 
 class Block(nn.Module):

@@ -1,0 +1,1 @@
+"""Hugging Face weights in and out: the mappings between our GPT and ``transformers`` checkpoints."""

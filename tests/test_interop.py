@@ -1,0 +1,67 @@
+"""Hugging Face interop: a GPT-2 made here with ``transformers`` (random weights, perturbed LayerNorms), saved with
+``save_pretrained`` and imported, gives the same logits. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                     activation_function="gelu_new")
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "ln_" in name:  # ones and zeros at init would hide a swapped weight and bias
+                p.add_(0.2 * torch.randn_like(p))
+            if "c_fc" in name:  # pre-activations of order 1, where the two GELUs part (init's are tiny)
+                p.mul_(20)
+    folder = tmp_path_factory.mktemp("gpt2")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_imported_gpt2_gives_the_same_logits(gpt2_folder, tmp_path):
+    from lit.commands import main
+    from lit.procedures.checkpoint_io import read_trained_lm
+
+    folder, reference = gpt2_folder
+    main(["import-hf", str(folder), "--out", str(tmp_path / "gpt2.ckpt")])
+    module = read_trained_lm(tmp_path / "gpt2.ckpt", "test").load().eval()
+    idx = torch.randint(0, 97, (3, 32))
+    with torch.no_grad():
+        theirs = reference(idx).logits
+        ours = module(idx)
+    assert (ours - theirs).abs().max().item() < 1e-5
+    # The tanh GELU is what makes it match: the exact GELU is measurably off.
+    exact = module.hparams.arch
+    exact.mlp = "gelu"
+    from lit.language_model import LanguageModel
+
+    other = LanguageModel(vocab_size=97, block_size=32, arch=exact, tie_embeddings=True).eval()
+    other.load_state_dict(module.state_dict())
+    with torch.no_grad():
+        assert (other(idx) - theirs).abs().max().item() > 1e-4
+
+
+def test_import_refuses_what_it_cannot_express(gpt2_folder, tmp_path, capsys):
+    from lit.commands import main
+
+    folder, _ = gpt2_folder
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    config = json.loads((folder / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
+    (odd / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    with pytest.raises(SystemExit) as exit_info:
+        main(["import-hf", str(odd), "--out", str(tmp_path / "x.ckpt")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "activation 'relu'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.ckpt").exists()
