@@ -127,8 +127,10 @@ class ImageClassifier(ArchitectureTask):
         # Class indices or probabilities (Mixup/CutMix, label smoothing): cross_entropy takes both.
         loss = F.cross_entropy(logits.float(), targets)
         self.log_training_step(loss, images.shape[0])
-        self.train_acc(logits, targets.argmax(dim=-1) if targets.is_floating_point() else targets)
-        self.log("train/acc", self.train_acc)
+        labels = targets.argmax(dim=-1) if targets.is_floating_point() else targets
+        # The batch's top-1 accuracy as a device tensor (what train_acc's forward returned): the torchmetrics object
+        # resets its state from host defaults at every call, a host-to-device copy per step (tests/test_syncs.py).
+        self.log("train/acc", (logits.argmax(dim=-1) == labels).float().mean())
         return loss
 
     def validation_step(self, batch, batch_idx: int) -> None:
