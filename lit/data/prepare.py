@@ -72,7 +72,7 @@ def prepare(inputs: list[str], tokenizer: str, out: str, name: str = "corpus", s
     progress = Progress(corpus, progress_every)
     split = "train"
     try:
-        for pieces, ids, lengths, n_bytes in encoded_batches(corpus, tokenizer, processes):
+        for pieces, read, ids, lengths, n_bytes in encoded_batches(corpus, tokenizer, processes):
             start = 0
             for piece, length, piece_bytes in zip(pieces, lengths, n_bytes, strict=True):
                 if piece.starts_document:
@@ -83,7 +83,7 @@ def prepare(inputs: list[str], tokenizer: str, out: str, name: str = "corpus", s
                 writers[split].append(ids[start:start + length])
                 counts[split]["bytes"] += int(piece_bytes)
                 start += length
-            progress.update(sum(w.tokens for w in writers.values()))
+            progress.update(sum(w.tokens for w in writers.values()), read)
     finally:
         for writer in writers.values():
             writer.close()
@@ -117,16 +117,17 @@ def prepare(inputs: list[str], tokenizer: str, out: str, name: str = "corpus", s
 
 
 def batches(corpus: Corpus, batch_chars: int = BATCH_CHARS):
-    """Pieces grouped into tasks of about ``batch_chars`` characters."""
+    """Pieces grouped into tasks of about ``batch_chars`` characters, each with the input bytes read up to it
+    (progress counts a task's input as done when its ids are written, not when it is read ahead)."""
     batch, size = [], 0
     for piece in corpus:
         batch.append(piece)
         size += len(piece.text)
         if size >= batch_chars:
-            yield batch
+            yield batch, corpus.bytes_read
             batch, size = [], 0
     if batch:
-        yield batch
+        yield batch, corpus.total_bytes
 
 
 _worker_tokenizer = None
@@ -150,25 +151,25 @@ def encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def encoded_batches(corpus: Corpus, tokenizer: str, processes: int):
-    """``(pieces, ids, lengths, bytes)`` per task, in corpus order. With several processes a bounded number of
-    tasks is in flight (``Pool.imap`` would read the whole corpus ahead into its queue)."""
+    """``(pieces, input bytes read, ids, lengths, bytes)`` per task, in corpus order. With several processes a
+    bounded number of tasks is in flight (``Pool.imap`` would read the whole corpus ahead into its queue)."""
     if processes == 1:
         _start_worker(tokenizer, one_thread=False)  # this process's environment is the caller's
-        for batch in batches(corpus):
-            yield (batch, *encode([p.text for p in batch]))
+        for batch, read in batches(corpus):
+            yield (batch, read, *encode([p.text for p in batch]))
         return
     # fork: a spawned worker would import lit.data (Lightning, torch) again; forked ones share those pages.
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with context.Pool(processes, initializer=_start_worker, initargs=(tokenizer,)) as pool:
         pending: deque = deque()
-        for batch in batches(corpus):
-            pending.append((batch, pool.apply_async(encode, ([p.text for p in batch],))))
+        for batch, read in batches(corpus):
+            pending.append((batch, read, pool.apply_async(encode, ([p.text for p in batch],))))
             if len(pending) >= processes * IN_FLIGHT_PER_PROCESS:
-                done, result = pending.popleft()
-                yield (done, *result.get())
+                done, done_read, result = pending.popleft()
+                yield (done, done_read, *result.get())
         while pending:
-            done, result = pending.popleft()
-            yield (done, *result.get())
+            done, done_read, result = pending.popleft()
+            yield (done, done_read, *result.get())
 
 
 class Progress:
@@ -178,15 +179,15 @@ class Progress:
         self.corpus, self.every = corpus, every
         self.start = self.last = time.perf_counter()
 
-    def update(self, tokens: int) -> None:
+    def update(self, tokens: int, read: int) -> None:
         now = time.perf_counter()
         if self.every and now - self.last >= self.every:
             self.last = now
             elapsed = now - self.start
-            fraction = self.corpus.bytes_read / max(1, self.corpus.total_bytes)
+            fraction = read / max(1, self.corpus.total_bytes)
             eta = elapsed * (1 - fraction) / fraction if fraction > 0 else float("nan")
             print(f"prepare-data: {tokens:,} tokens, {tokens / elapsed:,.0f} tokens/s, {fraction:.1%} of "
-                  f"{self.corpus.total_bytes / 1e6:,.1f} MB read, ETA {eta:,.0f} s", file=sys.stderr, flush=True)
+                  f"{self.corpus.total_bytes / 1e6:,.1f} MB done, ETA {eta:,.0f} s", file=sys.stderr, flush=True)
 
     def done(self, tokens: int) -> None:
         elapsed = time.perf_counter() - self.start
