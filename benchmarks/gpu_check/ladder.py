@@ -288,6 +288,8 @@ def run_rung(ctx, clock, rung: Rung, est: Estimates) -> dict:
     for name, c in rung.contenders.items():
         c.info.pop("_opt", None)
         rows[name] = measure.summary(c, flops, peaks)
+    order = list(dict.fromkeys(n for phase in rung.phases for n in phase))  # the rung's order, not the build's
+    out["contenders"] = rows = {n: rows[n] for n in order if n in rows}
     ceiling = rows.get(PLAIN_COMPILED, {}).get("tokens_per_s")
     for row in rows.values():
         if ceiling and row.get("tokens_per_s"):
