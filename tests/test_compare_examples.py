@@ -9,39 +9,68 @@ import numpy as np
 import pytest
 
 from lit.compare.command import main
-from lit.compare.examples import two_way_interval
+from lit.compare.examples import two_way_interval, two_way_intervals
 from lit.tracking import per_example
 from tests.test_compare import log_child, log_parent, protocol_spec, table
 
 SEEDS = [0, 1, 2, 3]
 EXAMPLES = 50
+SHIFTS = {"v": -0.3, "w": -0.15, "x": 0.004}  # a family of 3: Holm gives each its own level
 
 
-def test_the_bootstrap_resamples_seeds_and_examples_together():
-    rng = np.random.default_rng(1)
-    d = rng.normal(0.02, 0.01, (5, 1)) + rng.normal(0, 0.3, (5, 200))
-    low, high = two_way_interval(d, 0.9)
-    brute = [d[rng.integers(0, 5, 5)][:, rng.integers(0, 200, 200)].mean() for _ in range(4000)]
-    assert (low, high) == pytest.approx(tuple(np.quantile(brute, [0.05, 0.95])), abs=0.004)
-    # Example noise alone widens it: the same seeds with the examples' spread removed give a narrower one.
-    narrow = two_way_interval(np.repeat(d.mean(1, keepdims=True), 200, axis=1), 0.9)
-    assert high - low > narrow[1] - narrow[0]
-    assert two_way_interval(d[:1], 0.9) is None and two_way_interval(d, 0.9) == two_way_interval(d, 0.9)
+def grids(rng, reps: int, seeds: int, examples: int = 100, seed_sd: float = 0.015, test_se: float = 0.0017,
+          shared: float = 0.8) -> np.ndarray:
+    """Null seeds x examples grids of paired differences: a seed effect, a test-example effect shared by every seed
+    (``shared`` of the examples' variance) and an interaction; the per-seed test-set SE is ``test_se`` (the
+    reproduction's 871 examples give 0.0017 against a seed sd of 0.015: docs/seed-noise.md)."""
+    example_sd = test_se * np.sqrt(examples)
+    return (rng.normal(0, seed_sd, (reps, seeds, 1)) + rng.normal(0, example_sd * np.sqrt(shared), (reps, 1, examples))
+            + rng.normal(0, example_sd * np.sqrt(1 - shared), (reps, seeds, examples)))
+
+
+# 6 seeds at the Holm levels of 24 and 1 comparisons, 10 at alpha/2, 12 at alpha/4; then a test set as noisy as
+# the seeds (the digits' case: 10 seeds, 359 images).
+@pytest.mark.parametrize("seeds, confidence, seed_sd, test_se", [
+    (6, 1 - 0.05 / 24, 0.015, 0.0017), (6, 0.95, 0.015, 0.0017), (10, 0.975, 0.015, 0.0017),
+    (12, 0.9875, 0.015, 0.0017), (10, 0.95, 0.002, 0.004)])
+def test_the_two_way_interval_covers_at_its_level(seeds, confidence, seed_sd, test_se):
+    reps = 3000  # Monte-Carlo sd of a 95% coverage: 0.4 points
+    low, high = two_way_intervals(grids(np.random.default_rng(seeds), reps, seeds, seed_sd=seed_sd, test_se=test_se),
+                                  confidence)
+    covered = float(((low <= 0) & (0 <= high)).mean())
+    assert abs(covered - confidence) < 0.015, (covered, confidence)
+
+
+def test_the_two_way_interval_is_the_seed_only_t_interval_when_the_examples_add_nothing():
+    from scipy import stats
+
+    rng = np.random.default_rng(2)
+    per_seed = rng.normal(0.02, 0.01, 6)
+    d = np.repeat(per_seed[:, None], 40, axis=1)  # every example of a seed differs alike: no test-set noise
+    half = stats.t.isf(0.025, 5) * per_seed.std(ddof=1) / np.sqrt(6)
+    assert two_way_interval(d, 0.95) == pytest.approx((per_seed.mean() - half, per_seed.mean() + half))
+    noisy = d + rng.normal(0, 0.3, (1, 40))  # a noisy test set widens it
+    low, high = two_way_interval(noisy, 0.95)
+    assert high - low > 2 * half
+    assert two_way_interval(d[:1], 0.95) is None
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, empty_store):
+    import shutil
+
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("examples")
+    shutil.copyfile(empty_store, root / "mlflow.db")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment = client.create_experiment("examples", artifact_location=str(root / "artifacts"))
-    spec = protocol_spec("e1", ["base", "v"], SEEDS, metric="val/loss", tune=None, report_metric="test/loss")
+    spec = protocol_spec("e1", ["base", *SHIFTS], SEEDS, metric="val/loss", tune=None, report_metric="test/loss")
     parent = log_parent(client, experiment, "e1", spec)
     rng = np.random.default_rng(0)
     per_run = {}
-    for variant, shift in (("base", 0.0), ("v", -0.03)):
+    for variant, shift in (("base", 0.0), *SHIFTS.items()):
         for seed in SEEDS:
             losses = 2.0 + shift + rng.normal(0, 0.01) + rng.normal(0, 0.2, EXAMPLES)
             run = log_child(client, experiment, parent, "e1", variant, seed,
@@ -59,10 +88,15 @@ def test_the_report_prints_it_beside_the_seed_only_interval(report, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     assert main(["--experiment", "examples", "--tracking_uri", uri]) == 0
     markdown = capsys.readouterr().out
-    row = table(markdown, "## Against the baseline")["v"]
-    level = float(row["CI (Holm)"].rsplit(" at ", 1)[1].rstrip("%")) / 100
-    d = np.stack([per_run["v", s] - per_run["base", s] for s in SEEDS])
-    low, high = two_way_interval(d, level)
-    assert row["CI, seeds × test examples"] == f"[{low:+.3f}, {high:+.3f}]"
+    rows = table(markdown, "## Against the baseline")
+    levels = set()
+    for variant in SHIFTS:  # each at its own Holm level, not at 95%
+        row = rows[variant]
+        level = float(row["CI (Holm)"].rsplit(" at ", 1)[1].rstrip("%")) / 100
+        levels.add(level)
+        d = np.stack([per_run[variant, s] - per_run["base", s] for s in SEEDS])
+        low, high = two_way_interval(d, level)
+        assert row["CI, seeds × test examples"] == f"[{low:+.3f}, {high:+.3f}]"
+    assert len(levels) > 1, levels
     assert "Verdicts rest on the seed-only tests" in markdown
     assert f"Each run was scored on {EXAMPLES} test examples" in markdown

@@ -321,11 +321,12 @@ def _against_baseline(a: Analysis, d: int) -> str:
                    "different (the difference test), or not shown equivalent.")
     two_way = any(c.two_way is not None for c in a.comparisons)
     if two_way:
-        method += (" *CI, seeds × test examples* is the same level's interval when the test examples are resampled "
-                   "too (each run's per-example results, `test_examples.npz`: a bootstrap over seeds and examples "
-                   "together, which errs wide): the seed-only verdict holds for this test split, and this interval "
-                   "shows how far it would carry to another test set of the same size. Verdicts rest on the "
-                   "seed-only tests, declared before the runs.")
+        method += (" *CI, seeds × test examples* is the same level's interval for another draw of seeds and of a test "
+                   "set of the same size (each run's per-example results, `test_examples.npz`: a t interval on the "
+                   "two-way standard error of the seeds × examples grid, never narrower than the seed-only one): "
+                   "the seed-only verdict holds for this test split, and this interval shows how far it would "
+                   "carry to another test set of the same size. Verdicts rest on the seed-only tests, declared "
+                   "before the runs.")
     header = ["variant", "paired seeds", "per-seed difference", "mean difference", "CI (Holm)"]
     header += ["CI, seeds × test examples"] if two_way else []
     header += ["p (paired t)", "p (sign-flip)", "sign-flip floor (Holm)", "test", "p (Holm)", "q (BH)", "corr.",
