@@ -202,14 +202,42 @@ class ImageClassifier(ArchitectureTask):
 
     # --- the optimizer, with the rate and warmup resolved for this run's global batch ----------------------------
 
-    def resolved_lr_and_warmup(self) -> tuple[float, int, int]:
+    def training_batches_per_epoch(self) -> int | None:
+        """Batches per epoch and process, from the training DataLoader's length (None: no length).
+
+        The DataLoader is built but not iterated. Lightning's ``estimated_stepping_batches`` would, in a run bounded
+        by ``max_epochs``, start its iterator here, before a resumed run's loop progress is restored: with
+        workers, the first indices are then drawn from the start of epoch 0 and the resumed epoch replays them.
+        """
+        trainer = self.trainer
+        loader = getattr(trainer.datamodule, "train_dataloader", None) if trainer.datamodule is not None else None
+        if loader is None:
+            return None
+        try:
+            batches = len(loader())
+        except TypeError:
+            return None
+        limit = trainer.limit_train_batches
+        return min(batches, int(limit)) if isinstance(limit, int) else int(batches * limit)
+
+    def stepping_batches(self, batches_per_epoch: int | None) -> int:
+        """Optimizer steps of this run (Lightning's ``estimated_stepping_batches``, without starting the loader)."""
+        trainer = self.trainer
+        if batches_per_epoch is None:
+            return int(trainer.estimated_stepping_batches)
+        steps = math.ceil(batches_per_epoch / trainer.accumulate_grad_batches) * max(trainer.max_epochs or 1, 1)
+        if trainer.max_epochs in (None, -1):
+            steps = trainer.max_steps
+        elif trainer.max_steps != -1:
+            steps = min(steps, trainer.max_steps)
+        return int(steps)
+
+    def resolved_lr_and_warmup(self, batches_per_epoch: int | None = None) -> tuple[float, int, int | None]:
         """(peak lr, warmup steps, global batch) of this run: ``lr`` scaled by global batch / ``lr_batch_size``,
         ``warmup_epochs`` turned into optimizer steps per epoch of this run."""
         hp, trainer = self.hparams, self.trainer
-        if trainer.train_dataloader is None:  # as estimated_stepping_batches does where max_steps alone bounds the run
-            trainer.fit_loop.setup_data()
-        loader = trainer.train_dataloader
-        per_process = getattr(loader, "batch_size", None) or getattr(trainer.datamodule, "batch_size", None)
+        batches_per_epoch = batches_per_epoch if batches_per_epoch is not None else self.training_batches_per_epoch()
+        per_process = getattr(trainer.datamodule, "batch_size", None) if trainer.datamodule is not None else None
         accumulate = trainer.accumulate_grad_batches
         global_batch = int(per_process) * trainer.world_size * accumulate if per_process else None
         lr = hp.lr
@@ -219,17 +247,16 @@ class ImageClassifier(ArchitectureTask):
             lr = hp.lr * global_batch / hp.lr_batch_size
         warmup = hp.warmup_steps
         if hp.get("warmup_epochs") is not None:
-            batches = trainer.num_training_batches
-            if not math.isfinite(batches):
+            if batches_per_epoch is None:
                 raise UserInputError("--model.warmup_epochs needs a training set with a length; use warmup_steps")
-            steps_per_epoch = math.ceil(batches / accumulate)
-            warmup = round(hp.warmup_epochs * steps_per_epoch)
+            warmup = round(hp.warmup_epochs * math.ceil(batches_per_epoch / accumulate))
         return lr, warmup, global_batch
 
     def configure_optimizers(self):
         hp = self.hparams
-        self._schedule_total_steps = total = int(self.trainer.estimated_stepping_batches)
-        lr, warmup, global_batch = self.resolved_lr_and_warmup()
+        batches_per_epoch = self.training_batches_per_epoch()
+        self._schedule_total_steps = total = self.stepping_batches(batches_per_epoch)
+        lr, warmup, global_batch = self.resolved_lr_and_warmup(batches_per_epoch)
         for logger in self.loggers:
             logger.log_metrics({"train/peak_lr": lr, "train/warmup_steps": float(warmup)}, step=self.global_step)
         rank_zero_info(f"Learning rate {lr:.6g} and {warmup} warmup steps for a global batch of {global_batch}")

@@ -1,9 +1,11 @@
 """Layer-wise learning-rate decay for fine-tuning a ViT (BEiT, MAE, timm's ``param_groups_layer_decay``).
 
 Layers near the input hold the most general features of a pretrained model, so they move least: with ``L`` blocks,
-the patch embedding, class token and positions are layer 0, block ``i`` is layer ``i + 1`` and everything after the
-blocks (the final norm, the head) is layer ``L + 1``; a parameter of layer ``l`` trains at ``decay ** (L + 1 - l)``
-times the learning rate. That is timm's rule for its ViTs. The factor is declared on each parameter as an
+the patch embedding, class token and positions are layer 0, block ``i`` is layer ``i + 1``, the final norm belongs
+to the last block (layer ``L``) and the head, with anything else after the blocks, is layer ``L + 1``; a parameter
+of layer ``l`` trains at ``decay ** (L + 1 - l)`` times the learning rate. That is timm's rule for its ViTs
+(``param_groups_layer_decay`` with the ViT's ``group_matcher``; MAE's ``get_layer_id_for_vit`` differs only in
+leaving the final norm at the full rate). The factor is declared on each parameter as an
 optimizer scale (``arch_plugins.declarations.declare_optimizer_scale``), the mechanism parametrizations already use,
 so every optimizer that honours declared scales applies it, and it composes by multiplication with a
 parametrization's own factors. Layers are found from the ViT's structure (its embedding modules and its
@@ -31,6 +33,8 @@ def layer_ids(vit: nn.Module) -> dict[int, int]:
     for i, block in enumerate(blocks):
         for p in block.parameters():
             ids[id(p)] = i + 1
+    for p in vit.stack.final.parameters():
+        ids[id(p)] = len(blocks)
     return ids
 
 

@@ -71,6 +71,23 @@ def test_the_minival_is_held_out_of_train_with_a_fixed_seed_and_val_is_the_test_
         data(folder, minival_fraction=1.0)
 
 
+def test_normalising_and_erasing_on_the_device_gives_the_cpu_paths_images(folder):
+    cpu, device = data(folder), data(folder, normalize_on_device=True, re_prob=1.0, mixup=0.0, cutmix=0.0,
+                                     label_smoothing=0.0)
+    cpu.setup("fit")
+    device.setup("fit")
+    expected, labels = next(iter(cpu.val_dataloader()))
+    raw, same_labels = next(iter(device.val_dataloader()))
+    assert raw.dtype == torch.uint8 and torch.equal(labels, same_labels)  # a quarter of float32's bytes
+    normalised, _ = device.on_after_batch_transfer((raw, labels), 0)  # not training: no erasing
+    torch.testing.assert_close(normalised, expected, rtol=0, atol=1e-5)
+    device.trainer = type("Training", (), {"training": True})()
+    erased, _ = device.on_after_batch_transfer((raw, labels), 0)
+    changed = (erased != normalised).flatten(1).any(dim=1)
+    assert changed.all()  # re_prob 1: every image has a box of per-pixel noise
+    assert device._eraser.mode == "pixel"
+
+
 def tiny_classifier(**kw) -> ImageClassifier:
     arch = dataclasses.replace(VIT_ARCH, d_model=16, n_layers=2, n_heads=2, drop_path=0.1)
     options = dict(num_classes=2, image_size=32, patch_size=8, arch=arch, lr=2e-3, warmup_steps=0,
@@ -85,7 +102,8 @@ def fit(folder: Path, checkpoints: Path, ckpt_path: str | None = None, **model) 
                         enable_model_summary=False, num_sanity_val_steps=0,
                         callbacks=[ModelCheckpoint(checkpoints, filename="{step}", every_n_train_steps=1,
                                                    save_top_k=-1)])
-    trainer.fit(module, datamodule=data(folder, re_prob=1.0), ckpt_path=ckpt_path)
+    # Two workers: each draws augmentations from its own stream, which a resumed run's fresh workers restart.
+    trainer.fit(module, datamodule=data(folder, re_prob=1.0, num_workers=2), ckpt_path=ckpt_path)
     return trainer
 
 
@@ -117,8 +135,9 @@ def test_the_ema_is_validated_beside_the_raw_weights(folder, workdir):
 
     main(["fit", "--config", str(REPO / "recipes" / "vit_baseline.yaml"), f"--data.root={folder}",
           "--data.num_workers=0", "--data.image_size=32", "--data.batch_size=4", "--model.variant=null", *TINY_VIT,
-          "--model.ema_decay=0.5", "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
-          "--trainer.val_check_interval=2", "--trainer.precision=32-true", "--model.diagnostics.interval=0"])
+          "--model.ema_decay=0.5", "--data.normalize_on_device=true", "--trainer.max_steps=2",
+          "--trainer.limit_val_batches=1", "--trainer.val_check_interval=2", "--trainer.precision=32-true",
+          "--model.diagnostics.interval=0"])
     client = mlflow.MlflowClient(f"sqlite:///{workdir}/mlflow.db")
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     metrics = run.data.metrics

@@ -37,6 +37,17 @@ def write_token_shards(directory, vocab_size: int, val_tokens: int, seed: int = 
     write_shard(directory / "fineweb_val_000000.bin", rng.integers(0, vocab_size, val_tokens + 4096))
 
 
+def tiny_timm_vit(path):
+    """A fine-tuning recipe's published weights, made here: timm's DeiT-S/16 at TINY_VIT's width and depth, saved
+    as DeiT releases it (``{"model": state_dict}``), with ImageNet's 1,000-class head."""
+    import timm
+    import torch
+
+    vit = timm.create_model("deit_small_patch16_224", pretrained=False, embed_dim=32, depth=2, num_heads=2)
+    torch.save({"model": vit.state_dict()}, path)
+    return path
+
+
 def test_there_are_recipes():
     names = {r.name for r in RECIPES}
     assert {"gpt_baseline.yaml", "vit_tokenformer.yaml", "vit_baseline.yaml", "gpt_tokenformer.yaml",
@@ -50,6 +61,8 @@ def test_recipe_fast_dev_run(recipe, workdir_with_store, image_folder):
     args = ["fit", "--config", str(recipe), "--trainer.fast_dev_run=true", "--trainer.enable_progress_bar=false"]
     if _needs_image_folder(recipe):
         args += [f"--data.root={image_folder}", "--data.num_workers=0", "--model.variant=null", *TINY_VIT]
+    if (yaml.safe_load(recipe.read_text())["model"].get("init_args") or {}).get("init_from"):
+        args.append(f"--model.init_from={tiny_timm_vit(workdir / 'vit.pth')}")
     if "shards_dir" in _data_args(recipe):
         data = _data_args(recipe)
         write_token_shards(workdir / "shards", data["vocab_size"], data.get("val_tokens") or 0)

@@ -22,8 +22,9 @@ STEPS = 12
 
 # --- the training order -------------------------------------------------------------------------------------------
 
-def shares(n: int, batch: int, world: int, epoch: int = 0, drop_last: bool = True) -> list[list[int]]:
-    samplers = [ResumableSampler(range(n), batch, world, rank, seed=3, drop_last=drop_last) for rank in range(world)]
+def shares(n: int, batch: int, world: int, epoch: int = 0, drop_last: bool = True, **kw) -> list[list[int]]:
+    samplers = [ResumableSampler(range(n), batch, world, rank, seed=3, drop_last=drop_last, **kw)
+                for rank in range(world)]
     for s in samplers:
         s.set_epoch(epoch)
     return [list(s) for s in samplers]
@@ -47,6 +48,48 @@ def test_without_drop_last_every_rank_steps_equally():
     per_rank = shares(11, 4, 2, drop_last=False)
     assert len(per_rank[0]) == len(per_rank[1]) == len(ResumableSampler(range(11), 4, 2, 0, drop_last=False)) == 6
     assert set(per_rank[0]) | set(per_rank[1]) == set(range(11))
+
+
+def test_repeated_augmentation_repeats_each_image_thrice_in_an_epoch_of_the_same_length():
+    one = global_batches(shares(48, 8, 1, repeats=3), 8)
+    assert global_batches(shares(48, 4, 2, repeats=3), 4) == one  # still the same global batches on 2 processes
+    order = sum(one, [])
+    assert len(order) == 48 and len(set(order)) == 16  # the epoch's length; a third of the images, thrice
+    assert all(order[i] == order[i + 1] == order[i + 2] for i in range(0, 48, 3))
+    assert sum(global_batches(shares(48, 8, 1, epoch=1, repeats=3), 8), []) != order
+    assert sum(global_batches(shares(48, 8, 1), 8), []) == sum(global_batches(shares(48, 8, 1, repeats=1), 8), [])
+
+
+def test_keyed_samples_carry_a_seed_of_their_place_in_the_order_whatever_the_world_size():
+    one = global_batches(shares(48, 8, 1, repeats=3, keyed=True), 8)
+    assert global_batches(shares(48, 4, 2, repeats=3, keyed=True), 4) == one
+    keys = [key for _, key in sum(one, [])]
+    assert len(set(keys)) == 48  # the three copies of an image are augmented differently
+    assert [i for i, _ in sum(one, [])] == sum(global_batches(shares(48, 8, 1, repeats=3), 8), [])
+    assert {k for _, k in sum(global_batches(shares(48, 8, 1, epoch=1, keyed=True), 8), [])}.isdisjoint(keys)
+    sampler = ResumableSampler(range(48), 4, 2, 1, seed=3, repeats=3, keyed=True)
+    full = list(sampler)
+    sampler.resume_at(2)
+    assert list(sampler) == full[8:]
+
+
+def test_the_sampler_asks_for_the_batches_already_trained_when_an_epoch_starts():
+    sampler = ResumableSampler(range(40), 4, 2, 1, seed=3)
+    full = list(sampler)
+    trained = [3]
+    # The trainer's loop progress, restored after the DataLoader was built; Lightning starts the resumed epoch's
+    # iterator before it sets the sampler's epoch, so the epoch comes from the trainer too.
+    sampler.resume_point = lambda: (0, trained[0])
+    assert list(sampler) == full[12:]
+    trained[0] = 5  # the checkpoint ended the epoch: the next one starts whole
+    assert list(sampler) == full
+    trained[0] = 0
+    assert list(sampler) == full
+    sampler.set_epoch(0)
+    sampler.resume_point = lambda: (1, 2)
+    second = ResumableSampler(range(40), 4, 2, 1, seed=3)
+    second.set_epoch(1)
+    assert list(sampler) == list(second)[8:]
 
 
 def test_resume_at_skips_the_batches_already_trained_once():

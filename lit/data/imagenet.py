@@ -20,6 +20,7 @@ from typing import Literal
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
+from timm.data.random_erasing import RandomErasing
 from torch.utils.data import DataLoader, Subset
 from torchvision.datasets import ImageFolder
 
@@ -52,6 +53,9 @@ class ImageFolderDataModule(ImageDataModule):
             keeps its length in images, so it sees about 1/3 of the images thrice.
         minival_fraction: fraction of train held out as the validation split (sweeps tune on it); ImageNet's
             val folder becomes the test split. 0: validate on the val folder, no test split.
+        normalize_on_device: the loader sends uint8 batches (a quarter of float32's bytes) and normalising and
+            random erasing run on the device, after the transfer (timm's ``PrefetchLoader``); off: both run in
+            the loader's workers, as ``ToTensor``/``Normalize``/``RandomErasing`` on each image.
         color_jitter: colour jitter strength (timm ignores it when auto_augment is set).
         crop_pct: evaluation centre-crop fraction (resize to image_size / crop_pct, then crop).
         interpolation: resize interpolation.
@@ -61,7 +65,7 @@ class ImageFolderDataModule(ImageDataModule):
     def __init__(self, root: str | None = None, image_size: int = 224, batch_size: int = 128, num_workers: int = 8,
                  auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25,
                  re_mode: Literal["pixel", "rand", "const"] = "pixel", repeated_augmentation: int = 3,
-                 minival_fraction: float = 0.01, color_jitter: float = 0.3,
+                 minival_fraction: float = 0.01, normalize_on_device: bool = False, color_jitter: float = 0.3,
                  crop_pct: float = 0.875, interpolation: str = "bicubic", mixup: float = 0.8, cutmix: float = 1.0,
                  mix_prob: float = 1.0, label_smoothing: float = 0.1, seed: int | None = None):
         super().__init__(mixup, cutmix, mix_prob, label_smoothing, seed)
@@ -78,6 +82,8 @@ class ImageFolderDataModule(ImageDataModule):
         self.auto_augment, self.re_prob, self.re_mode, self.color_jitter = auto_augment, re_prob, re_mode, color_jitter
         self.repeated_augmentation, self.minival_fraction = repeated_augmentation, minival_fraction
         self.has_test_split = minival_fraction > 0
+        self.normalize_on_device = normalize_on_device
+        self._eraser: RandomErasing | None = None
         self.crop_pct, self.interpolation = crop_pct, interpolation
 
     @staticmethod
@@ -99,13 +105,14 @@ class ImageFolderDataModule(ImageDataModule):
         return path
 
     def setup(self, stage: str | None = None) -> None:
+        # use_prefetcher: timm's transforms end at a uint8 tensor, without normalising or erasing.
         train_tf = create_transform(self.image_size, is_training=True, auto_augment=self.auto_augment,
                                     re_prob=self.re_prob, re_mode=self.re_mode, color_jitter=self.color_jitter,
                                     interpolation=self.interpolation, mean=IMAGENET_DEFAULT_MEAN,
-                                    std=IMAGENET_DEFAULT_STD)
+                                    std=IMAGENET_DEFAULT_STD, use_prefetcher=self.normalize_on_device)
         eval_tf = create_transform(self.image_size, is_training=False, crop_pct=self.crop_pct,
                                    interpolation=self.interpolation, mean=IMAGENET_DEFAULT_MEAN,
-                                   std=IMAGENET_DEFAULT_STD)
+                                   std=IMAGENET_DEFAULT_STD, use_prefetcher=self.normalize_on_device)
         train = ImageFolder(str(self.root / "train"), transform=train_tf)
         if not self.has_test_split:
             self.train_set, self.val_set = train, ImageFolder(str(self.root / "val"), transform=eval_tf)
@@ -115,6 +122,25 @@ class ImageFolderDataModule(ImageDataModule):
         self.train_set = Subset(train, kept)
         self.val_set = Subset(ImageFolder(str(self.root / "train"), transform=eval_tf), held)
         self.test_set = ImageFolder(str(self.root / "val"), transform=eval_tf)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        if self.normalize_on_device:
+            images, labels = batch
+            batch = self._normalize_and_erase(images), labels
+        return super().on_after_batch_transfer(batch, dataloader_idx)
+
+    def _normalize_and_erase(self, images: torch.Tensor) -> torch.Tensor:
+        """timm's ``PrefetchLoader`` step: uint8 -> normalised float, then (training only) random erasing."""
+        shape = (1, 3, 1, 1)
+        mean = torch.tensor([255 * m for m in IMAGENET_DEFAULT_MEAN], device=images.device).view(shape)
+        std = torch.tensor([255 * s for s in IMAGENET_DEFAULT_STD], device=images.device).view(shape)
+        images = (images.float() - mean) / std
+        trainer = getattr(self, "trainer", None)
+        if self.re_prob > 0 and trainer is not None and trainer.training:
+            if self._eraser is None or self._eraser.device != images.device:
+                self._eraser = RandomErasing(self.re_prob, mode=self.re_mode, max_count=1, device=images.device)
+            images = self._eraser(images)
+        return images
 
     def _loader_options(self) -> dict:
         return dict(num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),

@@ -6,8 +6,8 @@ global batch, and with it the averaged gradient, does not depend on how many pro
 ranks at batch 4 train on exactly what 1 process at batch 8 trains on, in the same order.
 
 A run resumed from a checkpoint taken in the middle of an epoch continues the epoch where it
-stopped: when an epoch's iteration starts, the sampler of ``train_loader`` asks the trainer how many
-batches of the current epoch were already trained and skips them. It asks then, not when the DataLoader
+stopped: when an epoch's iteration starts, the sampler of ``train_loader`` asks the trainer which epoch
+it is in and how many of its batches were already trained, and skips them. It asks then, not when the DataLoader
 is built: a run bounded by ``max_epochs`` builds its DataLoader for ``estimated_stepping_batches`` (in
 ``configure_optimizers``) before Lightning restores the loop's progress from the checkpoint. Lightning's
 own alternative, a stateful DataLoader, is asked for its state while one batch is already prefetched, so
@@ -61,8 +61,9 @@ class ResumableSampler(DistributedSampler):
             raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
         self.batch_size, self.repeats, self.keyed = batch_size, repeats, keyed
         self._skip_batches = 0
-        # Asked at the start of each iteration: batches of this epoch already trained (a resumed run), or 0.
-        self.batches_already_trained: Callable[[], int] | None = None
+        # Asked at the start of each iteration: (epoch, batches of it already trained) in a resumed run, else 0
+        # batches. The epoch too: Lightning starts a resumed run's iterator before it sets the sampler's epoch.
+        self.resume_point: Callable[[], tuple[int, int]] | None = None
         global_batch = batch_size * num_replicas
         n = len(dataset)
         self.total_size = n // global_batch * global_batch if drop_last else n + (-n) % num_replicas
@@ -86,17 +87,18 @@ class ResumableSampler(DistributedSampler):
         return order[: self.total_size]
 
     def __iter__(self) -> Iterator[int] | Iterator[tuple[int, int]]:
+        skip_batches, self._skip_batches = self._skip_batches, 0
+        if not skip_batches and self.resume_point is not None:
+            epoch, done = self.resume_point()
+            # A checkpoint at the very end of an epoch resumes at the next one, whole.
+            if 0 < done < -(-len(self) // self.batch_size):
+                self.epoch, skip_batches = epoch, done
         order, global_batch = self.global_order(), self.batch_size * self.num_replicas
         mine: list[int] = []  # this rank's positions in the global order
         for start in range(0, len(order), global_batch):
             share = len(order[start: start + global_batch]) // self.num_replicas
             first = start + self.rank * share
             mine += range(first, first + share)
-        skip_batches, self._skip_batches = self._skip_batches, 0
-        if not skip_batches and self.batches_already_trained is not None:
-            done = self.batches_already_trained()
-            # A checkpoint at the very end of an epoch resumes at the next one, whole.
-            skip_batches = done if 0 < done < -(-len(self) // self.batch_size) else 0
         skip = skip_batches * self.batch_size
         if self.keyed:
             return iter([(order[p], sample_key(self.seed, self.epoch, p)) for p in mine[skip:]])
@@ -137,7 +139,7 @@ def train_loader(datamodule, dataset: Dataset, batch_size: int, drop_last: bool 
     # Lightning warns that a mid-epoch resume loses the data position unless the DataLoader is stateful;
     # this one resumes through its sampler, so the warning would be wrong.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
-    sampler.batches_already_trained = lambda: batches_done_this_epoch(trainer)
+    sampler.resume_point = lambda: (trainer.current_epoch, batches_done_this_epoch(trainer))
     # Its own generator: a DataLoader draws its workers' base seed from the global RNG at every new
     # iterator, which would shift dropout's random stream differently in a resumed run.
     generator = torch.Generator().manual_seed(seed)
