@@ -55,7 +55,10 @@ def stage_functions():
 
 
 def parse_args(argv: list[str] | None):
-    p = OneLineArgumentParser(prog="-m benchmarks.gpu_check", description=report.STAGES[0][2].split(":")[0])
+    p = OneLineArgumentParser(prog="-m benchmarks.gpu_check", description=(
+        "The GPU check: the device's peaks (A), the real fit path's syncs and overhead (B), a throughput ladder "
+        "against a plain model (C), every plugin's step ratio (D), the Triton kernels (E); at most 8 minutes on one "
+        "H100. What each stage measures: docs/performance/gpu.md."))
     p.add_argument("--budget_s", type=float, default=DEFAULT_BUDGET_S,
                    help="seconds for the whole check, imports included; stages share it (default 460: 8 minutes "
                         "with the watchdog's grace on one H100)")
@@ -90,10 +93,11 @@ def file_stem(device_name: str) -> str:
 
 
 class Writer:
-    """Writes the JSON, its Markdown and the docs page; safe to call from the watchdog while a stage runs."""
+    """Writes the JSON, its Markdown and the docs page (``None``: none); safe to call from the watchdog while a stage
+    runs. ``suffix`` keeps a partial run's files apart from the full run's."""
 
-    def __init__(self, result: dict, out_dir: Path, docs_page: Path):
-        self.result, self.out_dir, self.docs_page = result, out_dir, docs_page
+    def __init__(self, result: dict, out_dir: Path, docs_page: Path | None, suffix: str = ""):
+        self.result, self.out_dir, self.docs_page, self.suffix = result, out_dir, docs_page, suffix
         self.lock = threading.Lock()
 
     def write(self) -> list[Path]:
@@ -108,12 +112,14 @@ class Writer:
                 text = json.dumps({k: v for k, v in self.result.items() if k != "stages"}, indent=1, default=str)
             snapshot = json.loads(text)
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            stem = file_stem(snapshot["device"])
-            paths = [self.out_dir / f"{stem}.json", self.out_dir / f"{stem}.md", self.docs_page]
+            stem = file_stem(snapshot["device"]) + self.suffix
+            paths = [self.out_dir / f"{stem}.json", self.out_dir / f"{stem}.md"]
             paths[0].write_text(text + "\n")
             paths[1].write_text(report.results(snapshot))
-            self.docs_page.parent.mkdir(parents=True, exist_ok=True)
-            self.docs_page.write_text(report.page(snapshot))
+            if self.docs_page is not None:
+                self.docs_page.parent.mkdir(parents=True, exist_ok=True)
+                self.docs_page.write_text(report.page(snapshot))
+                paths.append(self.docs_page)
             return paths
 
 
@@ -147,15 +153,17 @@ def main(argv: list[str] | None = None, start: float | None = None,
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     ctx = Context(device=device, device_name=name, dry=args.dry, b_steps=12 if args.dry else 120)
     out_dir = args.out or (Path(tempfile.mkdtemp(prefix="gpu_check_dry_")) if args.dry else RESULTS)
-    # A dry run never overwrites the docs page with CPU numbers: its page goes beside its JSON.
-    docs_page = out_dir / "gpu.md" if args.dry else DOCS_PAGE
     letters = [s for s in NOMINAL_S if s in args.stages.upper()]
+    partial = len(letters) < len(NOMINAL_S)
+    # A dry run never overwrites the docs page with CPU numbers: its page goes beside its JSON. A run of some
+    # stages only writes its own files (..._stages_AC.json) and leaves the page to the full check.
+    docs_page = out_dir / "gpu.md" if args.dry else (None if partial else DOCS_PAGE)
     result: dict = {"device": name, "dry": args.dry, "command": " ".join(["python -m benchmarks.gpu_check",
                                                                          *(argv if argv is not None else
                                                                            sys.argv[1:])]),
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
                     "budget_s": args.budget_s, "stages": {}}
-    writer = Writer(result, out_dir, docs_page)
+    writer = Writer(result, out_dir, docs_page, f"_stages_{''.join(letters)}" if partial else "")
     budget = Budget(args.budget_s, {s: NOMINAL_S[s] for s in letters}, clock=clock, start=started,
                     reserve_s=RESERVE_S)
     running: dict = {}
