@@ -65,3 +65,39 @@ def test_import_refuses_what_it_cannot_express(gpt2_folder, tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "activation 'relu'" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x.ckpt").exists()
+
+
+def baseline_checkpoint(tmp_path, **arch):
+    from lit.interop.checkpoint import write_checkpoint
+    from lit.language_model import LanguageModel
+    from lit.models.transformer import TransformerConfig
+
+    torch.manual_seed(1)
+    module = LanguageModel(vocab_size=101, block_size=32,
+                           arch=TransformerConfig(d_model=32, n_layers=2, n_heads=4, **arch)).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.ndim == 1:  # gains drawn around 1: a swapped or missing norm would show
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+    return write_checkpoint(module, tmp_path / "base.ckpt"), module
+
+
+def test_exported_baseline_round_trips_through_llama(tmp_path):
+    from lit.commands import main
+
+    path, module = baseline_checkpoint(tmp_path)
+    main(["export-hf", str(path), "--out", str(tmp_path / "llama")])
+    llama = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "llama").eval()
+    idx = torch.randint(0, 101, (2, 32))
+    with torch.no_grad():
+        assert (llama(idx).logits - module(idx)).abs().max().item() < 1e-5
+
+
+def test_export_refuses_a_plugin_variant(tmp_path, capsys):
+    from lit.commands import main
+
+    path, _ = baseline_checkpoint(tmp_path, norm="layernorm")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export-hf", str(path), "--out", str(tmp_path / "llama")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "norm='layernorm'" in err and not (tmp_path / "llama").exists()

@@ -11,13 +11,13 @@ stored transposed. The logits are those of ``transformers`` (tests/test_interop.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import torch
 
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
+from lit.interop.checkpoint import write_checkpoint
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 
@@ -76,20 +76,6 @@ def import_gpt2(folder: str | Path):
     module = LanguageModel(vocab_size=vocab, block_size=block, arch=arch, tie_embeddings=True)
     module.model.load_state_dict(gpt2_state_dict(load_file(weights), arch.n_layers), strict=True)
     return module
-
-
-def write_checkpoint(module, out: str | Path) -> Path:
-    """``module`` as a Lightning checkpoint of weights and hyperparameters (what ``read_trained_lm`` reads)."""
-    import lightning as L
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    hparams = dict(module.hparams)
-    hparams["arch"] = dataclasses.asdict(hparams["arch"])
-    hparams["_class_path"] = "lit.language_model.LanguageModel"
-    torch.save({"state_dict": module.state_dict(), "hyper_parameters": hparams, "hparams_name": "kwargs",
-                "pytorch-lightning_version": L.__version__, "epoch": 0, "global_step": 0}, out)
-    return out
 
 
 @one_line_errors
