@@ -4,6 +4,7 @@ written as they fill with a train/val/test split by document, and per-token byte
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -191,3 +192,27 @@ def test_token_byte_lengths_count_the_text_each_token_decodes_to(tokenizer_file)
     ids = tok.encode(text).ids
     assert lengths[ids].sum() == len(text.encode("utf-8"))
     assert (lengths[1:] >= 1).all()
+
+
+def test_a_shard_trained_model_samples_with_the_tokenizer_meta_json_names(tmp_path, tokenizer_file, capsys):
+    import lightning as L
+
+    from lit.data.text import TextDataModule
+    from lit.language_model import LanguageModel
+    from lit.models.transformer import TransformerConfig
+
+    jsonl = write_inputs(tmp_path, documents(40))["jsonl"]
+    prepare([str(jsonl)], str(tokenizer_file), str(tmp_path / "s"), val_fraction=0.2, test_fraction=0, processes=1)
+    dm = TextDataModule(shards_dir=str(tmp_path / "s"), block_size=16, prompt="ROMEO: é", num_samples=2)
+    model = LanguageModel(vocab_size=dm.vocab_size, block_size=16, max_new_tokens=6,
+                          arch=TransformerConfig(d_model=16, n_layers=1, n_heads=2))
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    samples = [text for batch in trainer.predict(model, datamodule=dm) for text in batch]
+    assert len(samples) == 2 and all(s.startswith("<|endoftext|>ROMEO: é") for s in samples)
+    assert all(len(s) > len("<|endoftext|>ROMEO: é") for s in samples)  # six tokens of at least one byte each
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for shard in (tmp_path / "s").glob("*.bin"):
+        shutil.copy(shard, bare)
+    with pytest.raises(UserInputError, match="names no tokenizer"):
+        TextDataModule(shards_dir=str(bare), vocab_size=512, block_size=16).predict_dataloader()

@@ -250,9 +250,26 @@ class TextDataModule(L.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         if self.tokenizer is None:
-            raise UserInputError("predict decodes text with the char-level tokenizer; token shards have none. "
-                                 "Use a text corpus (--data.text_file or the embedded one) to sample")
+            # Token shards: the prompt follows the document-start tokens that prepare-data put before each document.
+            meta = read_meta(Path(self.shards_dir))
+            start = [meta[k] for k in ("eot_id", "bos_id") if meta.get(k) is not None]
+            ids = start + self._shard_tokenizer().encode(self.prompt, add_special_tokens=False).ids
+            return DataLoader(_Prompts(ids, self.num_samples), batch_size=1)
         return DataLoader(_Prompts(self.tokenizer.encode(self.prompt), self.num_samples), batch_size=1)
 
     def decode(self, ids) -> str:
+        if self.tokenizer is None:
+            return self._shard_tokenizer().decode(list(ids), skip_special_tokens=False)
         return self.tokenizer.decode(ids)
+
+    def _shard_tokenizer(self):
+        """The shards' tokenizers file (``--data.tokenizer``, or the one meta.json names), loaded once."""
+        if getattr(self, "_loaded_tokenizer", None) is None:
+            from lit.data.token_bytes import load_tokenizer
+
+            path = self.tokenizer_file or read_meta(Path(self.shards_dir)).get("tokenizer")
+            if path is None:
+                raise UserInputError(f"{self.shards_dir} names no tokenizer (no meta.json from prepare-data); pass "
+                                     f"--data.tokenizer=tokenizer.json to encode prompts and decode samples")
+            self._loaded_tokenizer = load_tokenizer(path)
+        return self._loaded_tokenizer
