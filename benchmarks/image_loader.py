@@ -1,6 +1,7 @@
 """Images per second of the ImageNet folder path on one CPU core: JPEG decode plus DeiT's train transform, with and
-without each sample's augmentation seeded by its place in the order (``lit/data/seeded_samples.py``), and the eval
-transform. Real photographs (scikit-learn's two sample images) cut to ImageNet's typical 500x375 and saved as JPEGs
+without each sample's augmentation seeded by its place in the order (``lit/data/seeded_samples.py``), with
+normalising and erasing left to the device (``normalize_on_device``), and the eval transform. Real photographs
+(scikit-learn's two sample images) cut to ImageNet's typical 500x375 and saved as JPEGs
 at quality 90. Rounds interleave the paths; the best of the rounds is reported (the machine is shared).
 
     python benchmarks/image_loader.py [--images 64] [--rounds 3]
@@ -58,14 +59,19 @@ def main() -> None:
         dm.setup("fit")
         train, val = dm.train_set, dm.val_set
         seeded = SeededSamples(train)
+        uint8 = ImageFolderDataModule(str(root), batch_size=1, num_workers=0, minival_fraction=0.0,
+                                      normalize_on_device=True)
+        uint8.setup("fit")
         n = len(train)
         reseed_only = SeededSamples(list(range(n)))
         paths = {
             "reseeding alone (save, seed, restore 3 generators)": lambda i: reseed_only[(i, sample_key(0, 0, i))],
             "decode only (PIL, RGB)": lambda i: Image.open(train.samples[i][0]).convert("RGB").load(),
-            "train: decode + DeiT transform": lambda i: train[i],
+            "train: decode + DeiT transform (ToTensor, normalise, erase)": lambda i: train[i],
             "train: decode + DeiT transform, seeded per sample": lambda i: seeded[(i, sample_key(0, 0, i))],
+            "train, normalize_on_device: decode + DeiT transform to uint8": lambda i: uint8.train_set[i],
             "eval: decode + resize 256 + crop 224": lambda i: val[i],
+            "eval, normalize_on_device: to uint8": lambda i: uint8.val_set[i],
         }
         best = {name: 0.0 for name in paths}
         for _ in range(a.rounds):
@@ -73,7 +79,7 @@ def main() -> None:
                 best[name] = max(best[name], rate(load, n))
     print(f"one core, {n} JPEGs of 500x375, best of {a.rounds} interleaved rounds (cpu: {os.cpu_count()} cores):")
     for name, value in best.items():
-        print(f"  {name:55s} {value:9.1f} images/s")
+        print(f"  {name:62s} {value:9.1f} images/s")
 
 
 if __name__ == "__main__":

@@ -162,6 +162,21 @@ def resolved(tmp_path: Path, processes: int) -> dict[str, float]:
     return {k: run.data.metrics[k] for k in ("train/peak_lr", "train/warmup_steps")}
 
 
+def test_lr_and_warmup_are_resolved_from_processes_batch_and_accumulation(folder):
+    """The arithmetic, with the trainer's facts stated (the real 2-process run is the slow test below)."""
+    module = tiny_classifier(lr=5e-4, lr_batch_size=512, warmup_epochs=5)
+    for world, expected_warmup in ((1, 25), (2, 10)):
+        dm = data(folder, batch_size=2)
+        trainer = type("Trainer", (), dict(world_size=world, global_rank=0, accumulate_grad_batches=2,
+                                           limit_train_batches=1.0, datamodule=dm, fit_loop=None))()
+        dm.trainer, module._trainer = trainer, trainer
+        dm.setup("fit")
+        lr, warmup, global_batch = module.resolved_lr_and_warmup()
+        assert global_batch == 2 * world * 2 and lr == pytest.approx(5e-4 * global_batch / 512)
+        assert warmup == expected_warmup  # 18 images: 9 (5 steps) or 4 (2 steps) batches per process and epoch
+
+
+@pytest.mark.slow  # two gloo processes started by the CLI: ~40 s on 2 idle cores
 def test_lr_and_warmup_follow_the_global_batch_on_one_and_two_processes(tmp_path):
     # 18 training images, batch 2 per process, 2 batches accumulated: global batch 4 on one process, 8 on two.
     one = resolved(tmp_path / "one", 1)
