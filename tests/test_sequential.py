@@ -106,10 +106,11 @@ def test_a_crossing_at_an_earlier_look_counts_once_the_share_grows():
 
 def test_futility_stops_what_the_maximum_seeds_cannot_find_and_never_rejects_it_later():
     plan = S.Plan(LOOKS, effect_of_interest=0.1)
-    # Mean 0, sd 1: even 12 seeds would find 0.1 with a few percent power, so look 1 stops it.
-    d = S.decide(found([[0.5, 1e-12, 1e-12, 1e-12]]), plan)
-    assert d.state[0].tolist() == [S.FUTILE] and d.look[0].tolist() == [1]
-    assert d.states[0, 0].tolist() == [S.FUTILE] * 4  # the later tiny p were never read
+    # Mean 0, sd 1: even 12 seeds would find 0.1 with a few percent power, so look 2 stops it (look 1, on 3 seeds,
+    # has a 2-df sd: futility is not checked there).
+    d = S.decide(found([[0.5, 0.5, 1e-12, 1e-12]]), plan)
+    assert d.state[0].tolist() == [S.FUTILE] and d.look[0].tolist() == [2]
+    assert d.states[0, 0].tolist() == [S.OPEN] + [S.FUTILE] * 3  # the later tiny p were never read
     loud = S.Plan(LOOKS, effect_of_interest=5.0)  # 5 sd: the maximum seeds would find it, keep going
     assert S.decide(found([[0.5, 0.5, 0.5, 0.5]]), loud).state[0].tolist() == [S.RETAINED]
     quiet = S.Plan(LOOKS)  # no effect of interest: no futility rule
@@ -188,3 +189,75 @@ def test_the_planned_effect_is_found_as_planned_with_fewer_seeds():
         np.random.default_rng(calibration.SEED), REPS, 4, S.Plan(LOOKS, ALPHA, effect_of_interest=effect), 0.5)
     assert futile_rate.rate <= ALPHA + 3 * futile_rate.standard_error
     assert null_seeds < 0.8 * LOOKS[-1]  # and the futility rule spares seeds where there is nothing to find
+
+
+def test_the_repeated_interval_excludes_0_exactly_when_the_look_decided():
+    # Random families through the replay compare runs: every t-tested comparison's repeated CI at the boundary it
+    # was tested against excludes 0 if and only if it was rejected (statistics-review-3, D5).
+    rng = np.random.default_rng(5)
+    plan = S.Plan((3, 6, 9, 12), 0.05, effect_of_interest=0.02)
+    seeds = [str(s) for s in range(12)]
+    seen = {True: 0, False: 0}
+    for _ in range(60):
+        effects = rng.choice([0.0, 0.01, 0.03, 0.06], size=4)
+        outcomes = {f"v{i}": {s: float(e + rng.normal(0, 0.03)) for s in seeds} for i, e in enumerate(effects)}
+        result = S.replay(outcomes, seeds, plan, 4)
+        for c in result.comparisons:
+            low, high = c.repeated_interval
+            decided = c.state == "rejected"
+            assert (low > 0 or high < 0) == decided, c
+            assert low <= c.mean <= high
+            seen[decided] += 1
+    assert min(seen.values()) > 20, seen  # both kinds were met
+
+
+def test_futility_spares_an_effect_three_times_the_effect_of_interest_on_a_noisy_comparison():
+    # statistics-review-3 D2: a family of 7 (six quiet nulls, sd 0.0155), one comparison as noisy as TokenFormer's
+    # (sd 0.0513) with a true effect of 3E (E = 0.03, below its 12-seed MDE of 0.063). Conditional power at E alone,
+    # on a 2-df sd, stopped it 21% of the time and found it 79% of the time; without futility 99%.
+    rng = np.random.default_rng(11)
+    reps = 2000
+    d = rng.normal(0, 1, (reps, 7, 12)) * np.array([0.0513] + [0.0155] * 6)[None, :, None]
+    d[:, 0, :] += 0.089
+    plan = S.Plan((3, 6, 9, 12), 0.05, effect_of_interest=0.03)
+    decisions = S.decide(S.evidence(d, plan.looks), plan)
+    found = float((decisions.state[:, 0] == S.REJECTED).mean())
+    assert found > 0.95, found  # 0.975 measured (Monte-Carlo sd 0.004)
+    assert not (decisions.states[:, :, 0] == S.FUTILE).any()  # no futility on a 3-seed look
+    assert (decisions.state[:, 1:] == S.FUTILE).mean() > 0.5  # the quiet nulls still stop early
+
+
+
+# statistics-review-3 D6: the t-levels at uneven looks (spending by look index k/K instead of information n_k/n_K
+# survived the tests and gives a single comparison 0.069 at looks 9, 10, 11, 12).
+@pytest.mark.parametrize("looks", [(3, 5, 12), (9, 10, 11, 12)])
+def test_the_t_levels_spend_by_information_at_uneven_looks(looks):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2 ** 17, looks[-1]))
+    p = np.stack([S.paired_t_p(x[:, :n]) for n in looks])
+    alive, exits = np.ones(p.shape[1], dtype=bool), []
+    for k, level in enumerate(S.t_levels(looks, ALPHA)):
+        crossed = alive & (p[k] < level)
+        exits.append(crossed.mean())
+        alive &= ~crossed
+    increments = np.diff([0.0] + [S.obrien_fleming(n / looks[-1], ALPHA) for n in looks])
+    se = np.sqrt(increments / p.shape[1])
+    # 4 Monte-Carlo sds: eight looks are checked here (seed 8 draws a 3.3-sd first look at 9, 10, 11, 12; seeds
+    # 9-11 give 0.8, 0.4 and 0.1 sd); spending by look index misses the first look there by 50 sds.
+    assert np.all(np.abs(np.array(exits) - increments) <= 4 * se + 1e-5), (exits, increments)
+    assert sum(exits) <= ALPHA + 4 * math.sqrt(ALPHA / p.shape[1])
+
+
+def test_a_look_is_written_once(tmp_path, empty_store):
+    import shutil
+
+    from mlflow import MlflowClient
+
+    from lit.sweep.history import read_looks, write_look
+
+    shutil.copyfile(empty_store, tmp_path / "mlflow.db")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("h", artifact_location=str(tmp_path / "a"))).info.run_id
+    assert write_look(client, run_id, {"look": 1, "open": ["x"]})
+    assert not write_look(client, run_id, {"look": 1, "open": []})  # a second record of look 1 is refused
+    assert [r["open"] for r in read_looks(client, run_id)] == [["x"]]

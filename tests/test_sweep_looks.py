@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,19 @@ def test_a_local_sequential_sweep_spends_seeds_only_on_open_comparisons(fake_tra
     assert rows["norm=perinorm"].endswith("| worse (decided at look 3 of 3) |")
     assert "## Sequential looks" in report and "3 of 3 looks recorded" in report
     assert "at look 3, share α/2" in report  # the boundary that decided it
+    # The fixed-sample columns say so, and the method text does not claim they decide (statistics-review-3, D5).
+    assert "| CI (fixed-sample, not the decision) |" in against and "| p (Holm, fixed-sample) |" in against
+    assert "a verdict needs it below" not in report and "excludes 0 exactly when the verdict" not in report
+    course = report.split("## Sequential looks")[1]
+    def cells(line: str) -> list[str]:  # Markdown cells; "\\|" is a pipe inside a cell
+        return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+    header = next(line for line in course.splitlines() if line.startswith("| variant | decision"))
+    column = cells(header).index("repeated CI at that boundary")
+    for label, decided in (("norm=layernorm", True), ("norm=dyt", False), ("norm=perinorm", True)):
+        line = next(line for line in course.splitlines() if line.startswith(f"| {label} |"))
+        low, high = (float(x) for x in cells(line)[column].strip("[]").split(","))
+        assert (low > 0 or high < 0) == decided, (label, low, high)
 
     # Rerunning the command changes nothing, and the looks are not written again.
     sweep(*SEQUENTIAL)

@@ -41,7 +41,7 @@ def render(analysis: Analysis, figures: list[str], secondary: str | None = None)
     d = value_decimals(analysis)
     sections = [_header(analysis), _variants(analysis, d), _against_baseline(analysis, d), _targets(analysis)]
     if analysis.sequential is not None or analysis.sequential_notes:  # decided look by look: say how
-        sections.insert(3, sequential_report.render(analysis.sequential, list(analysis.sequential_notes))
+        sections.insert(3, sequential_report.render(analysis.sequential, list(analysis.sequential_notes), d)
                         if analysis.sequential is not None else "\n\n".join(analysis.sequential_notes))
     if secondary is not None:  # --shared_value: the secondary comparison, after the primary one
         sections.insert(len(sections) - 1, secondary)
@@ -303,11 +303,7 @@ def _against_baseline(a: Analysis, d: int) -> str:
         "verdict rests on the t-test when every paired seed finished on both sides and the differences spread, "
         "else on the sign-flip test (column *test*): a diverged seed enters it as the worst outcome, and equal "
         "differences, for which t is undefined, get its exact p. "
-        f"p (Holm) is Holm-adjusted over the {m} tested comparisons of the family; a verdict needs it below "
-        f"{a.alpha:.2g}. q (BH) is the Benjamini-Hochberg q over the same family, a screening column: it decides "
-        "nothing. The CI (Holm) of each t-tested comparison is drawn at the per-comparison level Holm used for it "
-        "(shown): α/(m − rank) while Holm rejects, then the level where it stopped, so it excludes 0 exactly when "
-        f"the verdict says different. MDE: the smallest mean paired difference this design finds with 80% power "
+        f"{_decision_text(a, m)} MDE: the smallest mean paired difference this design finds with 80% power "
         f"at α/m = {a.mde_alpha:.3g} (Holm's strictest step), from the std of the paired differences and the "
         f"number of pairs (noncentral t). {SD_ESTIMATE} corr. is Pearson's correlation between the variant's and "
         "the baseline's per-seed values over the finished paired seeds (— below 3): pairing helps when it is "
@@ -327,10 +323,12 @@ def _against_baseline(a: Analysis, d: int) -> str:
                    "the seed-only verdict holds for this test split, and this interval shows how far it would "
                    "carry to another test set of the same size. Verdicts rest on the seed-only tests, declared "
                    "before the runs.")
-    header = ["variant", "paired seeds", "per-seed difference", "mean difference", "CI (Holm)"]
-    header += ["CI, seeds × test examples"] if two_way else []
-    header += ["p (paired t)", "p (sign-flip)", "sign-flip floor (Holm)", "test", "p (Holm)", "q (BH)", "corr.",
-               "MDE (80%)"]
+    fixed = " (fixed-sample, not the decision)" if a.sequential is not None else ""
+    header = ["variant", "paired seeds", "per-seed difference", "mean difference",
+              "CI (fixed-sample, not the decision)" if fixed else "CI (Holm)"]
+    header += [f"CI, seeds × test examples{fixed}"] if two_way else []
+    header += ["p (paired t)", "p (sign-flip)", "sign-flip floor (Holm)", "test",
+               "p (Holm, fixed-sample)" if fixed else "p (Holm)", "q (BH)", "corr.", f"MDE (80%){fixed}"]
     header += ["p (TOST)", "p (TOST, Holm)"] if parity else []
     header += ["verdict"]
     rows = []
@@ -364,6 +362,23 @@ def _differences(c: Comparison, d: int, mode: str) -> str:
         return "both diverged" if seed in c.excluded else f"{x:+.{d}f}"
 
     return "; ".join(f"{seed}: {cell(seed, x)}" for seed, x in c.outcomes.items()) or DASH
+
+
+def _decision_text(a: Analysis, m: int) -> str:
+    """What decides a verdict, in the method text: Holm's p and interval in a fixed sweep; the looks in a
+    sequential one, where those columns are fixed-sample readings."""
+    if a.sequential is not None:
+        return (f"This sweep is sequential: its verdicts are the looks' decisions (*Sequential looks* below), and "
+                "the interval that matches a decision is the repeated confidence interval printed there. Here p "
+                f"(Holm, fixed-sample) is Holm over the {m} comparisons' final p-values, and the fixed-sample CI is "
+                "drawn at the level Holm would use in a fixed design, as if each comparison's final seeds had been "
+                "planned: neither decides, and neither need agree with the verdict. q (BH) is the "
+                "Benjamini-Hochberg q over the same family, a screening column: it decides nothing.")
+    return (f"p (Holm) is Holm-adjusted over the {m} tested comparisons of the family; a verdict needs it below "
+            f"{a.alpha:.2g}. q (BH) is the Benjamini-Hochberg q over the same family, a screening column: it decides "
+            "nothing. The CI (Holm) of each t-tested comparison is drawn at the per-comparison level Holm used for it "
+            "(shown): α/(m − rank) while Holm rejects, then the level where it stopped, so it excludes 0 exactly when "
+            "the verdict says different.")
 
 
 def _holm_interval(c: Comparison, d: int) -> str:

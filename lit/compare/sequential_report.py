@@ -105,7 +105,14 @@ def _spending(plan: Plan) -> str:
             f"{futility}")
 
 
-def render(result: SequentialResult, notes: list[str]) -> str:
+def repeated_interval_text(c, digits: int) -> str:
+    interval = c.repeated_interval
+    if interval is None:
+        return "—"
+    return f"[{interval[0]:+.{digits}f}, {interval[1]:+.{digits}f}]"
+
+
+def render(result: SequentialResult, notes: list[str], digits: int = 3) -> str:
     """The report's *Sequential looks* section."""
     plan = result.plan
     m = len(result.comparisons)
@@ -131,7 +138,7 @@ def render(result: SequentialResult, notes: list[str]) -> str:
                      ", ".join(here) or "—", ", ".join(c.label for c in after if not c.settled) or "—"])
     lines += _table(header, rows) + [""]
     header = ["variant", "decision", "at look", "paired seeds", "test", "p at each look", "boundary used",
-              "conditional power"]
+              "repeated CI at that boundary", "conditional power"]
     rows = []
     for c in result.comparisons:
         decision = {"rejected": ("higher" if c.direction > 0 else "lower") + " than the baseline",
@@ -141,14 +148,18 @@ def render(result: SequentialResult, notes: list[str]) -> str:
                     + (f" (\\|t\\| ≥ {_t(c.critical_t)})" if c.test == "paired t" else ""))
         rows.append([c.label, decision, str(c.look or "—"), str(c.pairs), c.test,
                      "; ".join("—" if p is None else f"{p:.3g}" for p in c.p_values), boundary,
+                     repeated_interval_text(c, digits),
                      "—" if c.conditional_power is None else f"{c.conditional_power:.2f}"])
     lines += _table(header, rows)
     if result.untestable:
         lines += ["", f"Not in the family (fewer than 2 paired seeds at the first look): "
                       f"{', '.join(result.untestable)}."]
-    lines += ["", "The intervals, p (Holm), q (BH) and MDE columns of *Against the baseline* are fixed-sample "
-                  "figures over the seeds each comparison ran: after a stop at a look they are for reading, not "
-                  "deciding (a mean at the look where it crossed a boundary leans away from 0)."]
+    lines += ["", "*Repeated CI at that boundary*: the mean paired difference at the look of the boundary used, ± the "
+                  "\\|t\\| that boundary needs × its standard error. It is the interval of the sequential decision: "
+                  "it excludes 0 exactly when that look decided (— for a sign-flip look). The columns of *Against "
+                  "the baseline* marked fixed-sample (the interval, p (Holm), q (BH), MDE) are computed as if each "
+                  "comparison's final seeds had been a fixed design: they are for reading, not deciding, and a "
+                  "mean at the look where it crossed a boundary leans away from 0."]
     lines += [f"\n{note}" for note in notes]
     return "\n".join(lines)
 

@@ -21,7 +21,10 @@ and the calibration by simulation (``lit/compare/calibration.py``) run the very 
   it was tested at": a comparison rejected frees its share for the others, at this look and the next (Ye, Li, Liu
   & Yao 2013; Maurer & Bretz 2013; Tamhane et al. 2021 review the variants).
 - **Futility** is non-binding: an open comparison stops when its conditional power at the last look, if the true
-  mean difference were the declared effect of interest (either sign), falls below ``futility_power``. Stopping
+  mean difference were the larger of the declared effect of interest and the current estimate (either sign), falls
+  below ``futility_power``; it is not checked at a look with fewer than 4 pairs (a 2-df sd). One absolute E
+  serves every comparison of a family, so taking the drift from E alone stopped real effects of noisy comparisons
+  (a true 3E found 79% of the time instead of 99%, statistics-review-3 D2). Stopping
   for futility only removes chances to reject, so the error rate can only fall; a comparison stopped for futility
   is never rejected later (it keeps its place in the family, which is conservative).
 """
@@ -41,6 +44,7 @@ from lit.statistics.paired_tests import paired_t_p, sign_flip_p_matrix
 OBRIEN_FLEMING, POCOCK = "obrien_fleming", "pocock"
 ALPHA = 0.05
 FUTILITY_POWER = 0.10  # stop an open comparison whose conditional power at the effect of interest is below this
+FUTILITY_MIN_PAIRS = 4  # futility is not checked on fewer pairs: a 2-df sd makes the conditional power a guess
 GRID = 801  # points of the numerical integration over a look's continuation region (odd, for Simpson's rule)
 OPEN, REJECTED, FUTILE, RETAINED = 0, 1, 2, 3  # a comparison's state after a look
 STATE_NAMES = {OPEN: "open", REJECTED: "rejected", FUTILE: "futile", RETAINED: "retained"}
@@ -270,7 +274,7 @@ def _finite_moments(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(count >= 1, mean, np.nan), np.where(count >= 2, sd, np.nan)
 
 
-def conditional_power(mean: np.ndarray, sd: np.ndarray, pairs: np.ndarray, most: int, effect: float,
+def conditional_power(mean: np.ndarray, sd: np.ndarray, pairs: np.ndarray, most: int, effect,
                       critical: float) -> np.ndarray:
     """The chance that the last look (``most`` pairs, rejecting at |t| >= ``critical``) rejects, given the mean and
     std of the differences seen so far at ``pairs`` pairs, if the true mean difference were +``effect`` or
@@ -280,7 +284,7 @@ def conditional_power(mean: np.ndarray, sd: np.ndarray, pairs: np.ndarray, most:
         fraction = pairs / most
         z = mean / (sd / np.sqrt(pairs))
         b = z * np.sqrt(fraction)
-        theta = effect * math.sqrt(most) / sd
+        theta = np.asarray(effect) * math.sqrt(most) / sd
         rest = np.sqrt(np.maximum(1 - fraction, 1e-12))
         up = stats.norm.sf((critical - b - theta * (1 - fraction)) / rest)
         down = stats.norm.cdf((-critical - b + theta * (1 - fraction)) / rest)
@@ -341,8 +345,12 @@ def decide(found: Evidence, plan: Plan) -> Decisions:
             crossing = np.where(new, first, crossing)
         remaining = np.maximum(left(), 1)
         if plan.effect_of_interest and k < plan.count - 1:
+            # At the larger of E and the current estimate: an effect the data already show beyond E is not
+            # stopped for lack of power at E. No check on a 2-df sd (3 pairs): it can be a third of the truth.
+            effect = np.maximum(plan.effect_of_interest, np.abs(np.nan_to_num(found.mean[..., k])))
             cp = conditional_power(found.mean[..., k], found.sd[..., k], found.pairs[..., k], plan.looks[-1],
-                                   plan.effect_of_interest, last_critical[remaining][:, None])
+                                   effect, last_critical[remaining][:, None])
+            cp = np.where(found.pairs[..., k] >= FUTILITY_MIN_PAIRS, cp, np.nan)
             powers[..., k] = np.where(state == OPEN, cp, np.nan)
             with np.errstate(invalid="ignore"):
                 futile = (state == OPEN) & (cp < plan.futility_power)
@@ -376,10 +384,22 @@ class ComparisonLooks:
     boundary_p: float  # that boundary as a nominal p-level
     critical_t: float  # and as the |t| a paired t at that look's seeds needs
     conditional_power: float | None  # at its last look, where futility was checked
+    mean: float = math.nan  # the mean paired difference at ``boundary_look``
+    standard_error: float = math.nan  # and its standard error (sd / sqrt(n)); NaN where the test was the sign-flip
 
     @property
     def settled(self) -> bool:
         return self.state != STATE_NAMES[OPEN]
+
+    @property
+    def repeated_interval(self) -> tuple[float, float] | None:
+        """The repeated confidence interval at the boundary that decided (or, unrejected, the last one it was tested
+        against): mean +- |t needed| * SE at ``boundary_look``. It excludes 0 exactly when |t| reached the boundary,
+        that is exactly when that look rejected (Jennison & Turnbull ch. 9); None for a sign-flip look."""
+        if self.test != T_TEST or not math.isfinite(self.standard_error) or not math.isfinite(self.critical_t):
+            return None
+        half = self.critical_t * self.standard_error
+        return self.mean - half, self.mean + half
 
     def to_json(self) -> dict:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
@@ -446,12 +466,14 @@ def replay(outcomes: Mapping[str, Mapping[str, float]], seeds: Sequence[str], pl
             mean[0, i, k], sd[0, i, k] = (float(x[0]) for x in _finite_moments(row))
             pairs[0, i, k] = row.shape[1]
     decisions = decide(Evidence(p, direction, mean, sd, pairs, t_tested), plan) if m else None
-    by_look = tuple(tuple(_course(labels, i, k, plan, p, direction, pairs, t_tested, decisions)
+    moments = (mean, sd)
+    by_look = tuple(tuple(_course(labels, i, k, plan, p, direction, pairs, t_tested, decisions, moments)
                           for i in range(m)) for k in range(looks_done))
     return SequentialResult(plan, looks_done, by_look[-1] if by_look else (), tuple(untestable), by_look)
 
 
-def _course(labels, i, k, plan, p, direction, pairs, t_tested, decisions: Decisions) -> ComparisonLooks:
+def _course(labels, i, k, plan, p, direction, pairs, t_tested, decisions: Decisions,
+            moments: tuple[np.ndarray, np.ndarray]) -> ComparisonLooks:
     """Comparison ``i`` as it stood after look ``k`` (0-based)."""
     state = int(decisions.states[0, i, k])
     settled_at = next((j for j in range(k + 1) if decisions.states[0, i, j] != OPEN), None)
@@ -474,4 +496,7 @@ def _course(labels, i, k, plan, p, direction, pairs, t_tested, decisions: Decisi
         p_values=tuple(None if j > last or math.isnan(p[0, i, j]) else float(p[0, i, j]) for j in range(k + 1)),
         direction=0 if math.isnan(direction[0, i, at]) else int(direction[0, i, at]),
         share=share, boundary_look=boundary_look, boundary_p=float(level), critical_t=critical_t(level, n),
-        conditional_power=None if math.isnan(power) else float(power))
+        conditional_power=None if math.isnan(power) else float(power),
+        mean=float(moments[0][0, i, boundary_look - 1]),
+        standard_error=(float(moments[1][0, i, boundary_look - 1] / math.sqrt(pairs[0, i, boundary_look - 1]))
+                        if t_tested[0, i, boundary_look - 1] else math.nan))

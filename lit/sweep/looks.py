@@ -33,9 +33,11 @@ def add_options(p) -> None:
                         "settled one (better/worse, or futile) stops. The family's error rate holds over the looks "
                         "(O'Brien-Fleming-type alpha spending, group-sequential Holm); see docs/sweeps.md")
     p.add_argument("--effect_of_interest", type=float, default=None, metavar="E",
-                   help="with --looks: the mean paired difference worth finding, in the metric's units; a "
-                        "comparison stops for futility when even the maximum seeds would find +-E with less "
-                        "than 10%% conditional power")
+                   help="with --looks: the mean paired difference worth finding, in the metric's units; from "
+                        "the 6th seed on (not on a 3-seed look), a comparison stops for futility when even the "
+                        "maximum seeds would find an effect of max(E, |current estimate|) with less than 10%% "
+                        "conditional power. An effect larger than E is not guaranteed its power: a noisy "
+                        "comparison whose estimate happens to fall below E can still stop (docs/sequential.md)")
     p.add_argument("--spending", choices=SPENDING_CHOICES, default=None,
                    help="with --looks: the alpha-spending function (default obrien_fleming: almost nothing spent "
                         "early, the last look close to a fixed design's)")
