@@ -147,9 +147,12 @@ class ImageFolderDataModule(ImageDataModule):
                     persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
-        # Full batches in training (batch mixing pairs images), unless the whole set is one small batch.
-        drop_last = len(self.train_set) >= self.batch_size
-        return train_loader(self, self.train_set, self.batch_size, drop_last=drop_last,
+        # Full batches in training (batch mixing pairs images); a set smaller than one batch is one batch, of an
+        # even size when batches are mixed.
+        batch, n = self.batch_size, len(self.train_set)
+        if n < batch:
+            batch = n - n % 2 if (self.mixup > 0 or self.cutmix > 0) and n > 1 else n
+        return train_loader(self, self.train_set, batch, drop_last=True,
                             repeats=self.repeated_augmentation, seeded_samples=True, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:

@@ -139,7 +139,8 @@ def train_loader(datamodule, dataset: Dataset, batch_size: int, drop_last: bool 
     # Lightning warns that a mid-epoch resume loses the data position unless the DataLoader is stateful;
     # this one resumes through its sampler, so the warning would be wrong.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
-    sampler.resume_point = lambda: (trainer.current_epoch, batches_done_this_epoch(trainer))
+    if trainer is not None:
+        sampler.resume_point = lambda: (trainer.current_epoch, batches_done_this_epoch(trainer))
     # Its own generator: a DataLoader draws its workers' base seed from the global RNG at every new
     # iterator, which would shift dropout's random stream differently in a resumed run.
     generator = torch.Generator().manual_seed(seed)
