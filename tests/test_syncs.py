@@ -101,3 +101,21 @@ def test_no_sync_or_collective_on_a_step_that_logs_nothing_with_two_processes(tm
         assert_quiet_between_logs(events)
         # The processes do agree, at log steps: the non-finite flag and the preemption decision.
         assert any(e["kind"].startswith("collective") and (e["step"] + 1) % LOG_EVERY == 0 for e in events)
+
+
+@pytest.mark.slow  # one fit per recipe
+@pytest.mark.parametrize("recipe", ["gpt_ngpt", "gpt_muon", "gpt_prepbn", "gpt_bhyt", "gpt_tokenformer",
+                                    "gpt_hyperconn", "gpt_laurel_pa", "gpt_mup", "vit_digits", "vit_ngpt"])
+def test_no_sync_on_a_step_that_logs_nothing_in_recipes_with_callbacks_or_optimizers_of_their_own(workdir, recipe):
+    # Renormalisation (nGPT), Muon, progress hooks (PRepBN, BHyT), muP groups, the image task's metrics.
+    out = workdir / "syncs.json"
+    data = ["--data.batch_size=8"] if recipe.startswith("vit") else ["--data.block_size=32", "--data.batch_size=4"]
+    main(["fit", "--config", str(REPO / "recipes" / f"{recipe}.yaml"), *TINY[:3], *data,
+          "--trainer.enable_model_summary=false", "--trainer.enable_progress_bar=false", "--trainer.max_steps=12",
+          "--trainer.max_epochs=-1", "--trainer.log_every_n_steps=5", "--trainer.val_check_interval=null",
+          "--trainer.check_val_every_n_epoch=null", "--trainer.limit_val_batches=0", "--trainer.logger=false",
+          counting(out)])
+    events = json.loads(out.read_text())
+    noisy = {e["step"] for e in events if (e["step"] + 1) % 5 and e["step"] % DIAG_EVERY and e["step"] != 11}
+    assert not noisy, [e for e in events if e["step"] in noisy]
+    assert any((e["step"] + 1) % 5 == 0 for e in events)
