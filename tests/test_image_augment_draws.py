@@ -36,11 +36,16 @@ def image_folder_recipes() -> dict[str, dict]:
 RECIPES = image_folder_recipes()
 
 
+TRANSFORM_OPTIONS = ("image_size", "auto_augment", "re_prob", "re_mode", "color_jitter", "interpolation", "crop_pct")
+
+
 def distinct_policies() -> dict[str, dict]:
     """One entry per distinct set of data options, named by every recipe that uses it (each is drawn once)."""
     groups: dict[str, list[str]] = {}
     for name, options in RECIPES.items():
-        groups.setdefault(yaml.safe_dump(options, sort_keys=True), []).append(name)
+        # Only what the train transform is built from: the order, splits and batch mixing draw nothing from Pillow.
+        transform = {k: v for k, v in options.items() if k in TRANSFORM_OPTIONS}
+        groups.setdefault(yaml.safe_dump(transform, sort_keys=True), []).append(name)
     return {"+".join(names): RECIPES[names[0]] for names in groups.values()}
 
 
