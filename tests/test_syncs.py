@@ -70,7 +70,8 @@ def assert_quiet_between_logs(events: list[dict], micro_batches: int = 1) -> Non
 @pytest.mark.parametrize("extra, micro_batches", [
     pytest.param([], 1, id="recipe_defaults"),  # progress bar on, diagnostics every 100, clipping 1.0
     pytest.param(["--trainer.enable_progress_bar=false", "--model.random_numbers=by_name",
-                  "--trainer.gradient_clip_val=null"], 4, id="sweep_settings_accumulate_4"),
+                  "--trainer.gradient_clip_val=null"], 4, id="sweep_settings_accumulate_4",
+                 marks=pytest.mark.slow),  # the default run's budget: one fit of these here
 ])
 def test_no_sync_on_a_step_that_logs_nothing(workdir_with_store, extra, micro_batches):
     out = workdir_with_store / "syncs.json"
