@@ -44,6 +44,7 @@ COMMANDS: dict[str, Command] = {
     "prepare-data": Command("lit.data.prepare:main", "tokenize a corpus (text, JSONL, parquet) into token shards"),
     "import-hf": Command("lit.interop.gpt2:main", "turn a local Hugging Face GPT-2 folder into a checkpoint"),
     "export-hf": Command("lit.interop.llama:main", "write a baseline-family checkpoint as a Hugging Face Llama folder"),
+    "lm-eval": Command("lit.evaluation.command:main", "score a language-model checkpoint on lm-eval harness tasks"),
     "coord-check": Command("lit.scale.coord_check_command:main",
                            "check a parametrization: layer scales against width or depth, figure and slopes"),
 }

@@ -1,0 +1,110 @@
+"""``cli.py lm-eval CKPT --tasks T1,T2``: a trained language model scored on lm-evaluation-harness tasks.
+
+    python cli.py lm-eval CKPT --tasks hellaswag,arc_easy --tokenizer SHARDS_DIR_OR_TOKENIZER_JSON
+    python cli.py lm-eval CKPT --tasks my_task --include-path tasks/ --config recipes/gpt_baseline.yaml
+
+A checkpoint holds no tokenizer: ``--tokenizer`` (a tokenizers JSON file, or the shards directory whose meta.json
+names it) or ``--config`` (the recipe it was trained with) says how text becomes its token ids. Tasks are lm-eval's
+registered ones (their data come from the Hugging Face Hub, so they need it reachable or cached) or task YAMLs in
+``--include-path``. Needs the ``eval`` extra (``pip install -e '.[eval]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+from pathlib import Path
+
+from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = OneLineArgumentParser(prog="cli.py lm-eval", description=(
+        "Score a trained language-model checkpoint on lm-evaluation-harness tasks (loglikelihood, rolling "
+        "loglikelihood and greedy generation; batched, left-truncated to the model's context)."))
+    parser.add_argument("checkpoint", help="a LanguageModel checkpoint written by `cli.py fit` (any plugins)")
+    parser.add_argument("--tasks", required=True, help="comma-separated lm-eval task names (e.g. hellaswag,arc_easy)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="a tokenizers JSON file, or a shards directory whose meta.json names it")
+    parser.add_argument("--config", default=None, help="the recipe the model was trained with (its data section)")
+    parser.add_argument("--include-path", default=None, help="a folder of task YAMLs in lm-eval's format")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
+    parser.add_argument("--limit", type=float, default=None, help="documents per task (a fraction if < 1)")
+    parser.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
+    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
+    parser.add_argument("--output", default=None, help="write lm-eval's results as JSON here")
+    return parser.parse_args(argv)
+
+
+def import_lm_eval():
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as exc:
+        raise UserInputError("lm-eval: lm-evaluation-harness is not installed; pip install -e '.[eval]'") from exc
+    return lm_eval
+
+
+def task_manager(include_path: str | None, names: list[str]):
+    """lm-eval's task index (its own tasks and ``include_path``'s), with every name in ``names`` checked."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None and not Path(include_path).is_dir():
+        raise UserInputError(f"lm-eval: --include-path {include_path} is not a folder of task YAMLs")
+    manager = TaskManager(include_path=include_path)
+    known = set(manager.all_tasks)
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UserInputError(f"lm-eval: unknown task '{name}'{hint}; lm-eval lists its tasks with "
+                                 f"`lm-eval ls tasks`, and --include-path adds a folder of your own")
+    return manager
+
+
+def build_lm(checkpoint: str, tokenizer: str | None, recipe: str | None, batch_size: int, device: str):
+    from lit.evaluation.lm_eval_adapter import ArchLabLM
+    from lit.evaluation.scoring import SequenceScorer
+    from lit.evaluation.text_codec import resolve_codec
+    from lit.procedures.checkpoint_io import read_trained_lm
+
+    trained = read_trained_lm(checkpoint, "lm-eval")
+    module = trained.load()
+    codec = resolve_codec(int(trained.hparams["vocab_size"]), tokenizer, recipe)
+    model = module.model.to(device)
+    return ArchLabLM(SequenceScorer(model, int(trained.hparams["block_size"]), batch_size, device), codec), codec
+
+
+def table(results: dict) -> str:
+    rows = []
+    for task, metrics in results["results"].items():
+        for key, value in metrics.items():
+            name, _, _filter = key.partition(",")
+            if name.endswith("_stderr") or name == "sample_len" or not isinstance(value, (int, float)):
+                continue
+            stderr = metrics.get(f"{name}_stderr,{_filter}")
+            spread = f" ± {stderr:.4f}" if isinstance(stderr, (int, float)) else ""
+            rows.append(f"{task:<24} {name:<16} {value:.4f}{spread}")
+    return "\n".join(rows)
+
+
+@one_line_errors
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    names = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    if not names:
+        raise UserInputError("lm-eval: --tasks names no task")
+    import_lm_eval()
+    import lm_eval
+
+    manager = task_manager(args.include_path, names)
+    lm, codec = build_lm(args.checkpoint, args.tokenizer, args.config, args.batch_size, args.device)
+    print(f"lm-eval: {args.checkpoint} read with the {codec.description}")
+    results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=args.limit,
+                                      num_fewshot=args.num_fewshot, log_samples=False, bootstrap_iters=0)
+    print(table(results))
+    if args.output:
+        Path(args.output).write_text(json.dumps({"results": results["results"],
+                                                 "configs": results.get("configs", {})}, indent=2, default=str))
+        print(f"results: {args.output}")
+    return 0

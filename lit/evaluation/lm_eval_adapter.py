@@ -1,0 +1,54 @@
+"""An lm-evaluation-harness ``LM`` for arch-lab checkpoints (needs the ``eval`` extra: ``pip install -e '.[eval]'``).
+
+lm-eval's ``TemplateLM`` turns text requests into token ids (a context's trailing spaces moved onto the
+continuation; an empty context scored after the document-start token); ``SequenceScorer`` does the rest, batched
+and left-truncated to the model's context. ``generate_until`` is greedy, one request at a time (the model takes no
+attention mask, so prompts of different lengths cannot share a left-padded batch), with the model's ``generate``.
+"""
+
+from __future__ import annotations
+
+from lm_eval.api.model import TemplateLM
+
+from lit.evaluation.scoring import SequenceScorer
+from lit.evaluation.text_codec import TextCodec
+
+
+class ArchLabLM(TemplateLM):
+    def __init__(self, scorer: SequenceScorer, codec: TextCodec, max_gen_toks: int = 256):
+        super().__init__()
+        self.scorer, self.codec, self.max_gen_toks = scorer, codec, max_gen_toks
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.codec.prefix_id
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return self.codec.encode(string)
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.codec.decode(tokens)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        return self.scorer.loglikelihood([(context, continuation) for _, context, continuation in requests])
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        documents = [self.codec.encode(request.args[0]) for request in requests]
+        return self.scorer.loglikelihood_rolling(documents, self.codec.prefix_id)
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        outputs = []
+        for request in requests:
+            context, gen_kwargs = request.args
+            gen_kwargs = dict(gen_kwargs or {})
+            until = gen_kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+            context_ids = self.codec.encode(context) if context else []
+            new = self.scorer.greedy([self.codec.prefix_id, *context_ids], max_new,
+                                     done=lambda ids, until=until: any(s in self.codec.decode(ids) for s in until))
+            text = self.codec.decode(new)
+            for stop in until:
+                text = text.split(stop)[0]
+            outputs.append(text)
+        return outputs
