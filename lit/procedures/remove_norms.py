@@ -23,7 +23,13 @@ sigma``), whose validation loss is checked to equal the fine-tuned model's. The 
 validation loss before, after, and (``--control``) after the same fine-tune with the norms kept, the
 paper's comparison (+0.067 nats for GPT-2 Small against vanilla fine-tuning).
 
-    python cli.py remove-norms CKPT --out lnfree.ckpt [--control] [--seed 0]
+The data are a recipe's (``--config``: its data section), token shards (``--shards``, any tokenizer) or
+char-level text (``--text-file``, default the embedded tinyshakespeare); a checkpoint whose vocabulary is not
+the data's is refused. The reference's 2^19 tokens per step are ``--batch-size`` x ``--accumulate`` x
+processes x context; ``--precision bf16-mixed`` runs the forward under autocast and ``--devices N`` on N
+processes (Lightning's DDP, or started by torchrun). Steps, and the removal schedule, count optimizer steps.
+
+    python cli.py remove-norms CKPT --out lnfree.ckpt [--shards DIR | --config RECIPE] [--control] [--seed 0]
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -176,33 +183,135 @@ def export_lnfree(source: TrainedLM, finetuned: LanguageModel) -> LanguageModel:
     return export
 
 
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 @torch.no_grad()
-def validation_loss(module: LanguageModel, datamodule: L.LightningDataModule, batches: int | None = None) -> float:
-    """Mean cross-entropy per token over the validation split (its first ``batches`` batches if given)."""
-    module.eval()
-    total, count = 0.0, 0
+def validation_loss(module: LanguageModel, datamodule: L.LightningDataModule, batches: int | None = None,
+                    device: torch.device | str = "cpu") -> float:
+    """Mean cross-entropy per token over the validation split (its first ``batches`` batches if given), in fp32.
+
+    Under several processes each scores every world-th batch and the sums are all-reduced, so every rank gets the
+    loss of the whole split, each batch counted once. fp32 whatever the training precision: the export check
+    compares two models that bf16 would round differently."""
+    import torch.distributed as dist
+
+    rank, world = _rank_and_world()
+    module.to(device).eval()
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # nats, tokens
     for i, (idx, targets) in enumerate(datamodule.val_dataloader()):
         if batches is not None and i >= batches:
             break
+        if i % world != rank:
+            continue
+        idx, targets = idx.to(device), targets.to(device)
         logits = module(idx)
-        total += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
-        count += targets.numel()
-    return total / count
+        total[0] += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").double()
+        total[1] += targets.numel()
+    if world > 1:
+        dist.all_reduce(total)
+    module.cpu()
+    return (total[0] / total[1]).item()
 
 
-def finetune(source: TrainedLM, datamodule: L.LightningDataModule, steps: int, seed: int, remove: bool,
-             lr: float, min_lr: float, warmup: int) -> LanguageModel:
-    L.seed_everything(seed, verbose=False)
-    module = source.load(lr=lr, weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=warmup,
-                         min_lr_ratio=min_lr / lr, diagnostics=DiagnosticsConfig(interval=0))
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How the fine-tune runs: tokens per optimizer step are batch_size x accumulate x processes x context."""
+
+    steps: int
+    seed: int
+    lr: float = 6e-4
+    min_lr: float = 3e-4
+    warmup: int = 20
+    accumulate: int = 1
+    precision: str = "32-true"
+    accelerator: str = "auto"
+    devices: int = 1
+    strategy: str = "auto"
+
+    def trainer(self, **extra) -> L.Trainer:
+        strategy = self.strategy
+        if strategy == "auto" and self.devices > 1:
+            strategy = "ddp"  # the reference's data parallelism: the model replicated, the batch split
+        return L.Trainer(max_steps=self.steps, accumulate_grad_batches=self.accumulate, precision=self.precision,
+                         accelerator=self.accelerator, devices=self.devices, strategy=strategy, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         gradient_clip_val=1.0, limit_val_batches=0, num_sanity_val_steps=0, **extra)
+
+
+def finetune(source: TrainedLM, datamodule: L.LightningDataModule, options: RunOptions, remove: bool,
+             **trainer_extra) -> tuple[LanguageModel, L.Trainer]:
+    """Fine-tune ``source`` with the reference's optimizer, its norms removed on the schedule if ``remove``."""
+    L.seed_everything(options.seed, verbose=False)
+    module = source.load(lr=options.lr, weight_decay=0.01, betas=(0.9, 0.999), warmup_steps=options.warmup,
+                         min_lr_ratio=options.min_lr / options.lr, diagnostics=DiagnosticsConfig(interval=0))
     if remove:
         batch = next(iter(datamodule.train_dataloader()))[0]
         install_fake_norms(module.model, RemovalSchedule(source.arch.n_layers), batch)
-    trainer = L.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, gradient_clip_val=1.0, limit_val_batches=0,
-                        num_sanity_val_steps=0, devices=1)
+    trainer = options.trainer(**trainer_extra)
     trainer.fit(module, datamodule=datamodule)
-    return module
+    return module, trainer
+
+
+def read_recipe_data(path: str, **overrides) -> L.LightningDataModule:
+    """The DataModule of a recipe's data section, with ``overrides`` replacing its arguments."""
+    import importlib
+
+    import yaml
+
+    recipe_path = Path(path)
+    if not recipe_path.is_file():
+        raise UserInputError(f"remove-norms: recipe not found: {recipe_path} (give a YAML with a data section to "
+                             f"--config)")
+    recipe = yaml.safe_load(recipe_path.read_text()) or {}
+    data = recipe.get("data") if isinstance(recipe, dict) else None
+    if not isinstance(data, dict) or "class_path" not in data:
+        raise UserInputError(f"remove-norms: {recipe_path} has no data section with a class_path; give the recipe "
+                             f"of a language model, or --shards DIR")
+    module_name, _, class_name = data["class_path"].rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UserInputError(f"remove-norms: the recipe's data class {data['class_path']!r} cannot be imported "
+                             f"({exc})") from exc
+    return cls(**{**dict(data.get("init_args") or {}), **overrides})
+
+
+def datamodule_for(args, block_size: int) -> L.LightningDataModule:
+    """The fine-tuning data: a recipe's, token shards, or char-level text, at ``block_size`` tokens per sequence."""
+    from lit.data import TextDataModule
+
+    given = [name for name, value in (("--config", args.config), ("--shards", args.shards),
+                                      ("--text-file", args.text_file)) if value is not None]
+    if len(given) > 1:
+        raise UserInputError(f"remove-norms: give one data source, not {' and '.join(given)}")
+    common = dict(block_size=block_size, batch_size=args.batch_size, seed=args.seed)
+    if args.config is not None:
+        return read_recipe_data(args.config, **common)
+    if args.shards is not None:
+        return TextDataModule(shards_dir=args.shards, tokenizer=args.tokenizer, **common)
+    return TextDataModule(text_file=args.text_file, **common)
+
+
+def check_vocabulary(source: TrainedLM, datamodule: L.LightningDataModule) -> None:
+    """The data's token ids must be the checkpoint's: the same vocabulary, or the data's rounded up to a multiple of
+    64 for speed (nanoGPT's 50,304 for GPT-2's 50,257). Fine-tuned on another vocabulary's ids a model learns a new
+    language and its loss still falls (a 50,257-token model on character ids: 10.8 -> 3.9), so nothing else warns."""
+    model_vocab, data_vocab = int(source.hparams["vocab_size"]), getattr(datamodule, "vocab_size", None)
+    if data_vocab is None:
+        raise UserInputError(f"remove-norms: the data ({type(datamodule).__name__}) declare no vocabulary; give "
+                             f"token data (--shards, or a recipe whose data is a TextDataModule)")
+    data_vocab = int(data_vocab)
+    padded = model_vocab > data_vocab and model_vocab % 64 == 0 and model_vocab - data_vocab < 64
+    if model_vocab != data_vocab and not padded:
+        raise UserInputError(f"remove-norms: {source.path} has a vocabulary of {model_vocab} tokens but the data "
+                             f"have {data_vocab}; give the data it was trained with (--shards made with its "
+                             f"tokenizer, or --config its recipe)")
 
 
 @one_line_errors
@@ -210,22 +319,34 @@ def main(argv: list[str]) -> int:
     parser = OneLineArgumentParser(prog="cli.py remove-norms", description=(
         "Fine-tune a trained pre-LayerNorm GPT while its LayerNorms are removed one by one on the schedule of "
         "Baroni et al. 2025, then write it as a lnfree checkpoint (no normalisation left)."))
-    parser.add_argument("checkpoint", help="a LanguageModel checkpoint trained with norm: layernorm")
+    parser.add_argument("checkpoint", help="a LanguageModel checkpoint with norm: layernorm (fit, or import-hf)")
     parser.add_argument("--out", required=True, help="where to write the LayerNorm-free checkpoint")
-    parser.add_argument("--steps", type=int, default=300, help="fine-tuning steps (reference: 300, GPT-2 Small)")
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps (reference: 300, GPT-2 Small)")
     parser.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (the reference's 6e-4)")
     parser.add_argument("--min-lr", type=float, default=3e-4, help="where the cosine ends (the reference's 3e-4)")
     parser.add_argument("--warmup", type=int, default=20, help="warmup steps (the reference's 20)")
-    parser.add_argument("--batch-size", type=int, default=32, help="sequences per step")
-    parser.add_argument("--text-file", default=None, help="the corpus (default: the embedded tinyshakespeare)")
+    parser.add_argument("--config", default=None, help="a recipe whose data section gives the data (e.g. shards)")
+    parser.add_argument("--shards", default=None, help="a directory of token shards (cli.py prepare-data, llm.c)")
+    parser.add_argument("--tokenizer", default=None, help="the shards' tokenizer.json (default: meta.json's)")
+    parser.add_argument("--text-file", default=None, help="char-level text (default: the embedded tinyshakespeare)")
+    parser.add_argument("--block-size", type=int, default=None, help="context (default: the checkpoint's)")
+    parser.add_argument("--batch-size", type=int, default=32, help="sequences per micro-batch and process")
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true",
+                        help="bf16-mixed: the forward under bf16 autocast, weights and optimizer in fp32")
+    parser.add_argument("--accelerator", default="auto", help="cpu, gpu, ... (Lightning's)")
+    parser.add_argument("--devices", type=int, default=1, help="processes (DDP when more than one)")
+    parser.add_argument("--strategy", default="auto", help="Lightning strategy (default: ddp for several devices)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data order")
     parser.add_argument("--val-batches", type=int, default=None, help="validation batches (default: the whole split)")
     parser.add_argument("--control", action="store_true",
                         help="also fine-tune with the norms kept (the paper's vanilla fine-tune) and report its loss")
     parser.add_argument("--json", default=None, help="also write the losses to this JSON file")
     args = parser.parse_args(argv)
-
-    from lit.data import TextDataModule
+    for flag in ("batch_size", "accumulate", "devices"):
+        if getattr(args, flag) < 1:
+            raise UserInputError(f"remove-norms: --{flag.replace('_', '-')} must be at least 1, got "
+                                 f"{getattr(args, flag)}")
 
     source = read_trained_lm(args.checkpoint, "remove-norms")
     check_removable(source)
@@ -233,23 +354,38 @@ def main(argv: list[str]) -> int:
     if args.steps <= schedule.final():
         raise UserInputError(f"remove-norms: --steps {args.steps} ends before the last norm goes fake at step "
                              f"{schedule.final()} ({source.arch.n_layers} blocks); give more steps")
-    datamodule = TextDataModule(text_file=args.text_file, block_size=source.hparams["block_size"],
-                                batch_size=args.batch_size, seed=args.seed)
+    context = int(source.hparams["block_size"])
+    block_size = args.block_size or context
+    if not 1 <= block_size <= context:
+        raise UserInputError(f"remove-norms: --block-size {block_size} is outside the checkpoint's context "
+                             f"1..{context}")
+    datamodule = datamodule_for(args, block_size)
+    check_vocabulary(source, datamodule)
     datamodule.setup("fit")
+    options = RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
+                         accumulate=args.accumulate, precision=args.precision, accelerator=args.accelerator,
+                         devices=args.devices, strategy=args.strategy)
+
+    lnfree, trainer = finetune(source, datamodule, options, remove=True)
+    device = trainer.strategy.root_device  # the evaluations below are spread over the fine-tune's processes
+    tokens_per_step = args.batch_size * args.accumulate * trainer.world_size * block_size
     report = {"checkpoint": str(source.path), "seed": args.seed, "steps": args.steps,
-              "before": validation_loss(source.load(), datamodule, args.val_batches)}
-    lnfree = finetune(source, datamodule, args.steps, args.seed, True, args.lr, args.min_lr, args.warmup)
-    report["lnfree"] = validation_loss(lnfree, datamodule, args.val_batches)
+              "tokens_per_step": tokens_per_step, "precision": args.precision,
+              "lnfree": validation_loss(lnfree, datamodule, args.val_batches, device)}
     exported = export_lnfree(source, lnfree)
-    report["exported"] = validation_loss(exported, datamodule, args.val_batches)
+    report["exported"] = validation_loss(exported, datamodule, args.val_batches, device)
+    report["before"] = validation_loss(source.load(), datamodule, args.val_batches, device)
     if not math.isclose(report["exported"], report["lnfree"], rel_tol=1e-4, abs_tol=1e-4):
         raise UserInputError(f"remove-norms: the exported model's loss {report['exported']:.5f} differs from the "
                              f"fine-tuned one's {report['lnfree']:.5f}; nothing written")
     if args.control:
-        control = finetune(source, datamodule, args.steps, args.seed, False, args.lr, args.min_lr, args.warmup)
-        report["control"] = validation_loss(control, datamodule, args.val_batches)
+        control, _ = finetune(source, datamodule, options, remove=False)
+        report["control"] = validation_loss(control, datamodule, args.val_batches, device)
+    if trainer.global_rank != 0:
+        return 0  # every rank computed the same report; one writes it
     out = write_lm_checkpoint(source, exported, exported.hparams.arch, args.out)
-    line = f"val loss before {report['before']:.4f}, LayerNorm-free after {args.steps} steps {report['lnfree']:.4f}"
+    line = (f"val loss before {report['before']:.4f}, LayerNorm-free after {args.steps} steps of {tokens_per_step:,} "
+            f"tokens {report['lnfree']:.4f}")
     if args.control:
         line += f", norms kept {report['control']:.4f} (LN-free - kept: {report['lnfree'] - report['control']:+.4f})"
     print(f"wrote {out} (norm lnfree): {line}")
@@ -257,4 +393,3 @@ def main(argv: list[str]) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
     return 0
-
