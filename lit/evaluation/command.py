@@ -46,11 +46,16 @@ def import_lm_eval():
 
 
 def task_manager(include_path: str | None, names: list[str]):
-    """lm-eval's task index (its own tasks and ``include_path``'s), with every name in ``names`` checked."""
+    """lm-eval's task index with every name in ``names`` checked. The tasks of ``include_path`` alone when they are
+    all there: indexing lm-eval's own thousands of task YAMLs takes tens of seconds."""
     from lm_eval.tasks import TaskManager
 
-    if include_path is not None and not Path(include_path).is_dir():
-        raise UserInputError(f"lm-eval: --include-path {include_path} is not a folder of task YAMLs")
+    if include_path is not None:
+        if not Path(include_path).is_dir():
+            raise UserInputError(f"lm-eval: --include-path {include_path} is not a folder of task YAMLs")
+        local = TaskManager(include_path=include_path, include_defaults=False)
+        if all(name in local.all_tasks for name in names):
+            return local
     manager = TaskManager(include_path=include_path)
     known = set(manager.all_tasks)
     for name in names:
@@ -97,8 +102,8 @@ def main(argv: list[str]) -> int:
     import_lm_eval()
     import lm_eval
 
-    manager = task_manager(args.include_path, names)
     lm, codec = build_lm(args.checkpoint, args.tokenizer, args.config, args.batch_size, args.device)
+    manager = task_manager(args.include_path, names)
     print(f"lm-eval: {args.checkpoint} read with the {codec.description}")
     results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=args.limit,
                                       num_fewshot=args.num_fewshot, log_samples=False, bootstrap_iters=0)
