@@ -221,6 +221,23 @@ def sequential_power(rng: np.random.Generator, reps: int, comparisons: int, plan
             float(decisions.pairs_used(planned)[:, 0].mean()))
 
 
+NOISY_SD, QUIET_SD, EFFECT_OF_INTEREST = 0.0513, 0.0155, 0.03  # the leads: TokenFormer's paired sd, the others'
+
+
+def sequential_unequal_sd_power(rng: np.random.Generator, reps: int, multiple: float) -> tuple[Rate, float, float]:
+    """(rate of deciding, futile share, futile at the first look) for one comparison as noisy as the leads'
+    TokenFormer (sd 0.0513) with a true effect of ``multiple`` x E (E = 0.03 nats, below its 12-seed MDE), in a
+    family of 7 whose six others are quiet nulls (sd 0.0155): one E for every comparison, as a sweep declares it."""
+    sds = np.array([NOISY_SD] + [QUIET_SD] * 6)
+    differences = rng.standard_normal((reps, 7, SEQUENTIAL_LOOKS[-1])) * sds[None, :, None]
+    differences[:, 0, :] += multiple * EFFECT_OF_INTEREST
+    plan = sequential.Plan(SEQUENTIAL_LOOKS, ALPHA, effect_of_interest=EFFECT_OF_INTEREST)
+    decisions = sequential.decide(sequential.evidence(differences, plan.looks), plan)
+    futile = decisions.state[:, 0] == sequential.FUTILE
+    return (Rate(float((decisions.state[:, 0] == sequential.REJECTED).mean()), reps), float(futile.mean()),
+            float((futile & (decisions.look[:, 0] == 1)).mean()))
+
+
 def fixed_looks_error(rng: np.random.Generator, reps: int, comparisons: int, looks: tuple[int, ...],
                       rho: float) -> Rate:
     """Optional stopping without a plan: Holm at alpha at every look, stop at the first verdict (what --add_seeds
@@ -291,6 +308,12 @@ def sequential_report(seed: int = SEED, reps: int = 20_000) -> str:
     rate, seeds = sequential_null_error(rng, reps, 4, futile_plan, 0.5)
     lines.append(f"| false verdict, any (null), futility at the planned effect | m=4, rho=+0.50 | {rate.rate:.4f} ± "
                  f"{rate.standard_error:.4f} | ≤ {ALPHA} | {seeds:.2f} |")
+    for multiple in (2, 3):  # unequal sds: one E for a noisy comparison among quiet ones (statistics-review-3 D2)
+        rate, futile, first = sequential_unequal_sd_power(rng, reps, multiple)
+        lines.append(f"| decided, true effect {multiple}E (E = {EFFECT_OF_INTEREST}) on a comparison of sd "
+                     f"{NOISY_SD} among six nulls of sd {QUIET_SD}, futility at E | m=7, unequal sds | "
+                     f"{rate.rate:.4f} ± {rate.standard_error:.4f} (futile {futile:.3f}, at look 1 {first:.3f}) | "
+                     f"— | — |")
     return "\n".join(lines)
 
 
