@@ -105,7 +105,9 @@ def compile_model(model: nn.Module, *, per_block: bool = False, **options) -> No
             return compiled["with breaks"](*args, **kwargs)
         try:
             return compiled["one graph"](*args, **kwargs)
-        except torch._dynamo.exc.Unsupported as exc:  # raised while tracing, before any of the graph ran
+        # Raised while tracing, before any of the graph ran: a graph break, or a data-dependent guard (Python
+        # control flow on a tensor's value), which one graph cannot hold.
+        except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:
             warnings.warn(f"torch.compile: the model does not compile as one graph, so it runs as several "
                           f"(slower): {str(exc).splitlines()[0]}", stacklevel=2)
             compiled["with breaks"] = torch.compile(model._call_impl, **options)

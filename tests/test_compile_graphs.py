@@ -39,6 +39,11 @@ TRAINING_VARIANTS = {
     # for those steps and one for the rest. The first step refreshes, so two training steps see both.
     ("norm", "bhyt"): 2,
 }
+# Plugins that do not compile as one graph yet: Python control flow on a tensor's value. Strict, so a fix shows.
+BREAKS = {
+    ("norm", "un"): "UN branches on its iteration counter and its variance test (int(iters.item()), bool(.any())): "
+                    "5 breaks, 8 training graphs with the overlay's fallback",
+}
 
 
 def graphs_and_breaks(kind: str, name: str, n_layers: int) -> dict[str, tuple[int, int]]:
@@ -88,7 +93,9 @@ def test_one_graph_for_training_and_one_for_evaluation(kind, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "name"), [v for v in EVERY if v not in DEFAULT], ids=lambda v: v)
+@pytest.mark.parametrize(("kind", "name"), [
+    pytest.param(*v, marks=pytest.mark.xfail(strict=True, reason=BREAKS[v])) if v in BREAKS else v
+    for v in EVERY if v not in DEFAULT], ids=lambda v: v)
 def test_one_graph_for_training_and_one_for_evaluation_every_plugin(kind, name):
     check(kind, name)
 
