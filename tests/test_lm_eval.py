@@ -185,3 +185,25 @@ def test_simple_evaluate_on_a_local_multiple_choice_task_matches_our_own_count(w
         correct += max(range(len(scores)), key=scores.__getitem__) == doc["label"]
     assert reported["acc,none"] == pytest.approx(correct / len(docs))
     assert 0.25 < correct / len(docs)  # a few steps of training read Shakespeare's lines better than chance
+
+
+def test_adapter_generate_until_and_rolling_through_lm_evals_request_shape():
+    from types import SimpleNamespace
+
+    from lit.evaluation.lm_eval_adapter import ArchLabLM
+
+    module = tiny_lm(seed=3).eval()
+    codec = resolve_codec(VOCAB, None, str(REPO / "recipes" / "gpt_baseline.yaml"))
+    lm = ArchLabLM(SequenceScorer(module.model, BLOCK, batch_size=3), codec)
+    context = "ROMEO:"
+    with torch.no_grad():  # after the document-start token, as predict does
+        ids = torch.tensor([[codec.prefix_id, *codec.encode(context)]])
+        full = codec.decode(module.model.generate(ids, 30, temperature=0)[0, ids.size(1):].tolist())
+    stop = full[5]  # a character the greedy text reaches, so the stop cuts it
+    [text] = lm.generate_until([SimpleNamespace(args=(context, {"until": [stop], "max_gen_toks": 30}))])
+    assert text == full.split(stop)[0] and len(text) < 30
+    docs = ["To be, or not to be", "First Citizen:\nBefore we proceed any further, hear me speak."]
+    rolled = lm.loglikelihood_rolling([SimpleNamespace(args=(d,)) for d in docs])
+    with torch.no_grad():
+        assert rolled == pytest.approx([SequenceScorer(module.model, BLOCK).loglikelihood(
+            [([codec.prefix_id], codec.encode(d))])[0][0] for d in docs], abs=1e-4)
