@@ -106,7 +106,7 @@ def main(argv: list[str]) -> int:
     manager = task_manager(args.include_path, names)
     print(f"lm-eval: {args.checkpoint} read with the {codec.description}")
     results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=args.limit,
-                                      num_fewshot=args.num_fewshot, log_samples=False, bootstrap_iters=0)
+                                      num_fewshot=args.num_fewshot, log_samples=False, bootstrap_iters=1000)
     print(table(results))
     if args.output:
         Path(args.output).write_text(json.dumps({"results": results["results"],
