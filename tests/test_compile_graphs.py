@@ -43,6 +43,7 @@ TRAINING_VARIANTS = {
 BREAKS = {
     ("norm", "un"): "UN branches on its iteration counter and its variance test (int(iters.item()), bool(.any())): "
                     "5 breaks, 8 training graphs with the overlay's fallback",
+    ("norm", "powernorm"): "PowerNorm branches on its iteration counter (int(iters.item()) against its warmup)",
 }
 
 
