@@ -5,7 +5,9 @@ extra) ``simple_evaluate`` end to end on a local multiple-choice task in lm-eval
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import sys
 
 import pytest
 import torch
@@ -141,7 +143,16 @@ def test_lm_eval_refuses_in_one_line(workdir, capsys):
                                                  str(REPO / "recipes" / "gpt_baseline.yaml")], "checkpoint not found")
 
 
-lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is the `eval` extra")
+needs_lm_eval = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
+                                   reason="lm-evaluation-harness is the `eval` extra (pip install -e '.[eval]')")
+
+
+def test_lm_eval_without_the_harness_says_how_to_install_it(workdir, capsys, monkeypatch):
+    trained_checkpoint(workdir / "tiny.ckpt", steps=1)
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if not installed
+    assert_refused_in_one_line(workdir, capsys, ["lm-eval", "tiny.ckpt", "--tasks", "hellaswag", "--config",
+                                                 str(REPO / "recipes" / "gpt_baseline.yaml")],
+                               "pip install -e '.[eval]'")
 
 
 @pytest.fixture(scope="module")
@@ -150,11 +161,13 @@ def checkpoint(tmp_path_factory):
     return path, trained_checkpoint(path)
 
 
+@needs_lm_eval
 def test_lm_eval_refuses_a_model_without_a_tokenizer(workdir, capsys, checkpoint):
     assert_refused_in_one_line(workdir, capsys, ["lm-eval", str(checkpoint[0]), "--tasks", "hellaswag"],
                                "records no tokenizer")
 
 
+@needs_lm_eval
 @pytest.mark.slow  # indexing lm-eval's own task YAMLs takes about 30 s here
 def test_lm_eval_refuses_an_unknown_task(workdir, capsys, checkpoint):
     assert_refused_in_one_line(workdir, capsys, ["lm-eval", str(checkpoint[0]), "--tasks", "hellaswagg", "--config",
@@ -162,6 +175,7 @@ def test_lm_eval_refuses_an_unknown_task(workdir, capsys, checkpoint):
                                "unknown task 'hellaswagg' (did you mean 'hellaswag'?)")
 
 
+@needs_lm_eval
 def test_simple_evaluate_on_a_local_multiple_choice_task_matches_our_own_count(workdir, capsys, checkpoint,
                                                                                monkeypatch):
     from lit.commands import main
@@ -187,6 +201,7 @@ def test_simple_evaluate_on_a_local_multiple_choice_task_matches_our_own_count(w
     assert 0.25 < correct / len(docs)  # a few steps of training read Shakespeare's lines better than chance
 
 
+@needs_lm_eval
 def test_adapter_generate_until_and_rolling_through_lm_evals_request_shape():
     from types import SimpleNamespace
 

@@ -67,17 +67,16 @@ def task_manager(include_path: str | None, names: list[str]):
     return manager
 
 
-def build_lm(checkpoint: str, tokenizer: str | None, recipe: str | None, batch_size: int, device: str):
-    from lit.evaluation.lm_eval_adapter import ArchLabLM
+def load_scorer(checkpoint: str, tokenizer: str | None, recipe: str | None, batch_size: int, device: str):
+    """The checkpoint's model as a SequenceScorer, and the codec its text is read with (no lm-eval needed)."""
     from lit.evaluation.scoring import SequenceScorer
     from lit.evaluation.text_codec import resolve_codec
     from lit.procedures.checkpoint_io import read_trained_lm
 
     trained = read_trained_lm(checkpoint, "lm-eval")
-    module = trained.load()
     codec = resolve_codec(int(trained.hparams["vocab_size"]), tokenizer, recipe)
-    model = module.model.to(device)
-    return ArchLabLM(SequenceScorer(model, int(trained.hparams["block_size"]), batch_size, device), codec), codec
+    model = trained.load().model.to(device)
+    return SequenceScorer(model, int(trained.hparams["block_size"]), batch_size, device), codec
 
 
 def table(results: dict) -> str:
@@ -99,11 +98,12 @@ def main(argv: list[str]) -> int:
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
     if not names:
         raise UserInputError("lm-eval: --tasks names no task")
-    import_lm_eval()
-    import lm_eval
+    scorer, codec = load_scorer(args.checkpoint, args.tokenizer, args.config, args.batch_size, args.device)
+    lm_eval = import_lm_eval()
+    from lit.evaluation.lm_eval_adapter import ArchLabLM
 
-    lm, codec = build_lm(args.checkpoint, args.tokenizer, args.config, args.batch_size, args.device)
     manager = task_manager(args.include_path, names)
+    lm = ArchLabLM(scorer, codec)
     print(f"lm-eval: {args.checkpoint} read with the {codec.description}")
     results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=args.limit,
                                       num_fewshot=args.num_fewshot, log_samples=False, bootstrap_iters=1000)
