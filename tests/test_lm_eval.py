@@ -222,3 +222,27 @@ def test_adapter_generate_until_and_rolling_through_lm_evals_request_shape():
     with torch.no_grad():
         assert rolled == pytest.approx([SequenceScorer(module.model, BLOCK).loglikelihood(
             [([codec.prefix_id], codec.encode(d))])[0][0] for d in docs], abs=1e-4)
+
+
+def test_multiple_choice_score_is_logged_at_validation_as_our_own_count(workdir):
+    from lit.commands import main
+    from lit.evaluation.cloze_task import write_cloze_task
+
+    task = write_cloze_task(workdir / "tasks", n_items=12)
+    items = task.parent / "shakespeare_cloze.jsonl"
+    cli = main(["fit", "--config", str(REPO / "recipes" / "gpt_baseline.yaml"), "--model.arch.d_model=16",
+                "--model.arch.n_layers=2", "--model.arch.n_heads=2", f"--data.block_size={BLOCK}",
+                "--data.batch_size=2", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+                "--trainer.logger=false", "--trainer.limit_val_batches=1", "--model.diagnostics.interval=0",
+                "--trainer.max_steps=2", "--trainer.val_check_interval=2", f"--checkpoint.dirpath={workdir / 'ck'}",
+                "--trainer.callbacks+=lit.evaluation.multiple_choice_callback.MultipleChoiceScore",
+                f"--trainer.callbacks.init_args.items={items}"])
+    codec = resolve_codec(VOCAB, None, str(REPO / "recipes" / "gpt_baseline.yaml"))
+    scorer = SequenceScorer(cli.model.model, BLOCK)
+    docs = [json.loads(line) for line in items.read_text().splitlines()]
+    correct = 0
+    for doc in docs:
+        scores = [s for s, _ in scorer.loglikelihood([([codec.prefix_id, *codec.encode(doc["context"])],
+                                                       codec.encode(c)) for c in doc["choices"]])]
+        correct += max(range(len(scores)), key=scores.__getitem__) == doc["label"]
+    assert cli.trainer.callback_metrics["val/mc_acc"].item() == pytest.approx(correct / len(docs))
