@@ -17,7 +17,14 @@ from lit.data import TextDataModule
 from lit.language_model import LanguageModel
 from lit.models.transformer import TransformerConfig
 from lit.procedures.checkpoint_io import read_trained_lm, write_lm_checkpoint
-from lit.procedures.remove_norms import FakeLayerNorm, RemovalSchedule, RunOptions, check_vocabulary, finetune
+from lit.procedures.remove_norms import (
+    FakeLayerNorm,
+    RemovalSchedule,
+    RunOptions,
+    check_vocabulary,
+    finetune,
+    validation_loss,
+)
 from tests.conftest import REPO, subprocess_env
 
 SHAKESPEARE = REPO / "lit" / "data" / "tinyshakespeare.txt"
@@ -147,4 +154,9 @@ def test_two_ddp_processes_remove_the_norms_and_write_once(tokenizer_and_shards,
     losses = json.loads((tmp_path / "report.json").read_text())
     assert losses["tokens_per_step"] == 2 * 2 * 2 * 16  # micro-batch x accumulation x processes x context
     assert losses["exported"] == pytest.approx(losses["lnfree"], abs=1e-4)
-    assert read_trained_lm(tmp_path / "lnfree.ckpt", "t").arch.norm == "lnfree"
+    exported = read_trained_lm(tmp_path / "lnfree.ckpt", "t")
+    assert exported.arch.norm == "lnfree"
+    # Each rank scored half the validation batches; the all-reduced loss is that of all of them, in one process.
+    data = TextDataModule(shards_dir=str(shards), block_size=16, batch_size=2)
+    data.setup("validate")
+    assert validation_loss(exported.load(), data, batches=6) == pytest.approx(losses["exported"], abs=1e-5)
