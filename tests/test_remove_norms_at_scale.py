@@ -64,6 +64,19 @@ def test_vocabulary_check_accepts_the_datas_own_or_rounded_up_to_64(model_vocab,
             check_vocabulary(source, data)
 
 
+def test_sigma_is_updated_in_place_so_ddp_broadcasts_rank_0s(workdir):
+    # DDP broadcasts the buffer tensors it found when it wrapped the model; a sigma replaced by a new tensor would
+    # escape it and differ per rank. With one path fake and the other real, the backward must still work.
+    from arch_plugins.progress import TrainingProgress
+
+    fake = FakeLayerNorm(torch.nn.LayerNorm(4), init_std=1.0, switch_at={"qk": 0, "v": 5})
+    fake.on_progress(TrainingProgress(1, 10))
+    sigma, x = fake.frozen_std, torch.tensor([[1.0, -1.0, 3.0, -3.0]], requires_grad=True)
+    (fake(x, "qk").sum() + fake(x, "v").pow(2).sum()).backward()
+    assert fake.frozen_std is sigma and sigma.item() == fake.real_std.item() > 1.0  # followed the EMA, in place
+    assert x.grad is not None
+
+
 class MicroBatches(L.Callback):
     """Counts micro-batches and records the dtype the first attention projection computes in."""
 

@@ -103,11 +103,14 @@ class FakeLayerNorm(nn.Module):
                 token_std = (x.float().var(dim=-1, unbiased=False) + STD_EPS).sqrt().mean()
                 self.real_std.mul_(self.momentum).add_((1 - self.momentum) * token_std)
         if self.fake[path]:
-            return (x - x.mean(dim=-1, keepdim=True)) / self.frozen_std * self.weight + self.bias
+            # divide by a copy: the other path may still update sigma in place later in this forward pass, and
+            # autograd keeps what this one divided by
+            return (x - x.mean(dim=-1, keepdim=True)) / self.frozen_std.clone() * self.weight + self.bias
         if self.training:
-            # sigma follows the EMA while this norm is still in use; a new tensor, not copy_: the other path may
-            # have divided by the old one in this forward pass, and autograd keeps it
-            self.frozen_std = self.real_std.clone()
+            # sigma follows the EMA while this norm is still in use. In place, not a new tensor: DDP broadcasts rank
+            # 0's buffers before each forward pass, but only the tensors it found when it wrapped the model, so a
+            # replaced sigma would drift apart on each rank and rank 0's would be the only one exported
+            self.frozen_std.copy_(self.real_std)
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
