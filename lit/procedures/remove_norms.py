@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from arch_plugins.declarations import declare_roles
+from arch_plugins.interfaces import Role
 from arch_plugins.progress import TrainingProgress, declare_progress_hook
 from lit.diagnostics import DiagnosticsConfig
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
@@ -92,6 +94,8 @@ class FakeLayerNorm(nn.Module):
         self.register_buffer("real_std", torch.tensor(float(init_std)))    # the EMA
         self.register_buffer("frozen_std", torch.tensor(float(init_std)))  # what a fake path divides by
         self.fake = {path: False for path in self.switch_at}
+        # the LayerNorm's roles (no weight decay on either, as the Hugging Face Trainer the reference runs with)
+        declare_roles(self, {"weight": Role.GAIN, "bias": Role.BIAS})
         declare_progress_hook(self, FakeLayerNorm.on_progress)
 
     def on_progress(self, progress: TrainingProgress) -> None:
