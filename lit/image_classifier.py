@@ -202,36 +202,6 @@ class ImageClassifier(ArchitectureTask):
 
     # --- the optimizer, with the rate and warmup resolved for this run's global batch ----------------------------
 
-    def training_batches_per_epoch(self) -> int | None:
-        """Batches per epoch and process, from the training DataLoader's length (None: no length).
-
-        The DataLoader is built but not iterated. Lightning's ``estimated_stepping_batches`` would, in a run bounded
-        by ``max_epochs``, start its iterator here, before a resumed run's loop progress is restored: with
-        workers, the first indices are then drawn from the start of epoch 0 and the resumed epoch replays them.
-        """
-        trainer = self.trainer
-        loader = getattr(trainer.datamodule, "train_dataloader", None) if trainer.datamodule is not None else None
-        if loader is None:
-            return None
-        try:
-            batches = len(loader())
-        except TypeError:
-            return None
-        limit = trainer.limit_train_batches
-        return min(batches, int(limit)) if isinstance(limit, int) else int(batches * limit)
-
-    def stepping_batches(self, batches_per_epoch: int | None) -> int:
-        """Optimizer steps of this run (Lightning's ``estimated_stepping_batches``, without starting the loader)."""
-        trainer = self.trainer
-        if batches_per_epoch is None:
-            return int(trainer.estimated_stepping_batches)
-        steps = math.ceil(batches_per_epoch / trainer.accumulate_grad_batches) * max(trainer.max_epochs or 1, 1)
-        if trainer.max_epochs in (None, -1):
-            steps = trainer.max_steps
-        elif trainer.max_steps != -1:
-            steps = min(steps, trainer.max_steps)
-        return int(steps)
-
     def resolved_lr_and_warmup(self, batches_per_epoch: int | None = None) -> tuple[float, int, int | None]:
         """(peak lr, warmup steps, global batch) of this run: ``lr`` scaled by global batch / ``lr_batch_size``,
         ``warmup_epochs`` turned into optimizer steps per epoch of this run."""

@@ -39,12 +39,13 @@ def select_optimizer(name: str, options: dict[str, Any] | None):
 
 def configure(module, *, optimizer: str = "adamw", optimizer_options: dict[str, Any] | None = None, lr: float,
               weight_decay: float, betas: tuple[float, float], warmup_steps: int, min_lr_ratio: float,
-              schedule: str = "cosine", schedule_options: dict[str, Any] | None = None) -> dict:
+              schedule: str = "cosine", schedule_options: dict[str, Any] | None = None,
+              total_steps: int | None = None) -> dict:
     """``configure_optimizers`` of every LightningModule here: the optimizer plugin's optimizer, stepped per step
-    by the schedule."""
+    by the schedule over ``total_steps`` (default: Lightning's ``estimated_stepping_batches``)."""
     built = select_optimizer(optimizer, optimizer_options).build(module, lr=lr, weight_decay=weight_decay,
                                                                   betas=tuple(betas))
-    total = int(module.trainer.estimated_stepping_batches)
+    total = int(module.trainer.estimated_stepping_batches) if total_steps is None else total_steps
     factor = multiplier(schedule, schedule_options, warmup_steps=warmup_steps, total_steps=total,
                         min_lr_ratio=min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(built, factor)

@@ -11,6 +11,8 @@ another overlay, or with diagnostics turned off or made denser around a problem.
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
 import torch
 
@@ -171,9 +173,39 @@ class ArchitectureTask(L.LightningModule):
         select_optimizer(optimizer, optimizer_options)
         check_schedule(schedule, schedule_options)
 
+    def training_batches_per_epoch(self) -> int | None:
+        """Batches per epoch and process, from the training DataLoader's length (None: no length).
+
+        The DataLoader is built but not iterated. Lightning's ``estimated_stepping_batches`` would, in a run bounded
+        by ``max_epochs``, start its iterator here, before a resumed run's loop progress is restored: with
+        workers, the first indices are then drawn from the start of epoch 0 and the resumed epoch replays them.
+        """
+        trainer = self.trainer
+        loader = getattr(trainer.datamodule, "train_dataloader", None) if trainer.datamodule is not None else None
+        if loader is None:
+            return None
+        try:
+            batches = len(loader())
+        except TypeError:
+            return None
+        limit = trainer.limit_train_batches
+        return min(batches, int(limit)) if isinstance(limit, int) else int(batches * limit)
+
+    def stepping_batches(self, batches_per_epoch: int | None) -> int:
+        """Optimizer steps of this run (Lightning's ``estimated_stepping_batches``, without starting the loader)."""
+        trainer = self.trainer
+        if batches_per_epoch is None:
+            return int(trainer.estimated_stepping_batches)
+        steps = math.ceil(batches_per_epoch / trainer.accumulate_grad_batches) * max(trainer.max_epochs or 1, 1)
+        if trainer.max_epochs in (None, -1):
+            steps = trainer.max_steps
+        elif trainer.max_steps != -1:
+            steps = min(steps, trainer.max_steps)
+        return int(steps)
+
     def configure_optimizers(self):
         hp = self.hparams
-        self._schedule_total_steps = int(self.trainer.estimated_stepping_batches)
+        self._schedule_total_steps = self.stepping_batches(self.training_batches_per_epoch())
         optimizer, options = hp.get("optimizer", "adamw"), hp.get("optimizer_options")
         if (optimizer == "adamw" and "fused" not in (options or {}) and str(self.trainer.precision) == "16-mixed"
                 and (self.trainer.gradient_clip_val or 0) > 0):
@@ -183,7 +215,7 @@ class ArchitectureTask(L.LightningModule):
         return configure(self, optimizer=optimizer, optimizer_options=options,
                          lr=hp.lr, weight_decay=hp.weight_decay, betas=hp.betas, warmup_steps=hp.warmup_steps,
                          min_lr_ratio=hp.min_lr_ratio, schedule=hp.get("schedule", "cosine"),
-                         schedule_options=hp.get("schedule_options"))
+                         schedule_options=hp.get("schedule_options"), total_steps=self._schedule_total_steps)
 
     def build_model(self, factory, random_numbers: str) -> torch.nn.Module:
         """``factory()`` under the run's rule for random numbers (``lit/common_random_numbers.py``): by

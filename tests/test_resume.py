@@ -301,3 +301,28 @@ def test_bad_checkpoints_give_one_line(subcommand, tiny_checkpoint, workdir, cap
     assert "missing (model.tok.weight" in line and "unexpected (model.renamed.weight" in line
 
     assert "not found" in one_error_line([*args, "--ckpt_path=missing.ckpt"], capsys)
+
+
+@pytest.mark.slow  # three real fits with DataLoader workers
+def test_a_text_run_bounded_by_epochs_with_workers_resumes_mid_epoch_exactly(tmp_path, monkeypatch):
+    # max_epochs bounds the run, so the schedule's length is counted in configure_optimizers, before the loop's
+    # progress is restored; counting it through Lightning's estimated_stepping_batches starts the DataLoader's
+    # workers there, and the resumed epoch then replays the start of epoch 0's order.
+    monkeypatch.chdir(tmp_path)
+    corpus = small_corpus(tmp_path)
+    common = [sys.executable, str(REPO / "cli.py"), "fit", "--config", BASELINE, *TINY_LM,
+              f"--data.text_file={corpus}", "--data.num_workers=2", "--trainer.max_epochs=2",
+              "--trainer.max_steps=-1", "--trainer.val_check_interval=null", "--trainer.limit_val_batches=0",
+              "--checkpoint.every_n_train_steps=1", "--checkpoint.save_top_k=-1"]
+    (tmp_path / "whole").mkdir()
+    whole = run(common, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    steps = sorted((tmp_path / "whole").glob("runs/*/*/checkpoints/*step=7*.ckpt"))
+    assert steps, sorted(p.name for p in (tmp_path / "whole").glob("runs/*/*/checkpoints/*"))
+    (tmp_path / "resumed").mkdir()
+    resumed = run([*common, f"--ckpt_path={steps[0]}"], tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, final = final_state(tmp_path / "whole"), final_state(tmp_path / "resumed")
+    assert final["global_step"] == expected["global_step"] == 10
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(final["state_dict"][name], tensor), name
