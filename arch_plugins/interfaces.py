@@ -31,6 +31,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from arch_plugins.errors import PluginError
+
 
 @dataclass(frozen=True)
 class StackInfo:
@@ -228,8 +230,6 @@ class _NotRecorded:
         self.field = field
 
     def _refuse(self, *args, **kwargs):
-        from arch_plugins.registry import PluginError  # the registry imports this module
-
         raise PluginError(f"the residual history's {self.field} were not kept in this forward pass: the stack keeps "
                           f"them only when the residual type's reads_history(stack) returns True (or a probe asks "
                           f"for them); a residual whose merge or stream reads the history must say so there")

@@ -17,14 +17,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from arch_plugins.errors import PluginError
+
 GROUP_PREFIX = "arch_plugins."
 # The kinds by name, without their interfaces (arch_plugins.interfaces.KIND_INTERFACES, which imports torch):
 # listing what is installed reads metadata only and stays fast.
 KINDS = ("norm", "residual", "projection", "parametrization", "optimizer")
-
-
-class PluginError(Exception):
-    """A plugin could not be selected, loaded or configured. ``str(e)`` is one actionable line."""
 
 
 @dataclass(frozen=True)
