@@ -6,7 +6,9 @@ tuned over 2 learning rates on a seed of its own, so 4 tuning runs and 8 seed ru
 in a git worktree and runs its own `cli.py sweep` into a store of its own; this script then reads every run's
 final `test/loss` from both stores and prints the wall time of each sweep and the per-seed losses side by side.
 
-    python -m benchmarks.sweep_cost --before 83880ed --after HEAD --rounds 1 --out benchmarks/results/sweep_cost.md
+    python -m benchmarks.sweep_cost --before 83880ed --after HEAD --rounds 1 --out /tmp/sweep_cost.md
+
+The measured run is on docs/performance/sweep-cost.md.
 
 Both sweeps run on the same machine one after the other (``--rounds 2`` alternates the order, so drift and other
 load hit both alike); the machine's load average before and after each sweep is recorded beside its time.
