@@ -42,7 +42,18 @@ class Growth:
 # Our own config types that checkpoints hold in their hyperparameters; nothing else is unpickled.
 # Registered once for every weights-only load, so that Lightning's resume (`fit --ckpt_path`) reads them too.
 CHECKPOINT_TYPES = [TransformerConfig, Growth]
-torch.serialization.add_safe_globals(CHECKPOINT_TYPES)
+
+
+def allow_checkpoint_types() -> None:
+    """Registers ``CHECKPOINT_TYPES`` for every weights-only load (idempotent). Called at import and again by every
+    task as it is built: a ``torch.serialization.safe_globals`` block that was open when this module was first
+    imported restores the list it found when it closes, and takes this registration with it."""
+    missing = [t for t in CHECKPOINT_TYPES if t not in torch.serialization.get_safe_globals()]
+    if missing:
+        torch.serialization.add_safe_globals(missing)
+
+
+allow_checkpoint_types()
 
 
 def load_weights_only(path: Path, what: str = "checkpoint") -> Any:

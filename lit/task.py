@@ -51,6 +51,9 @@ class ArchitectureTask(L.LightningModule):
     def __init__(self, compile: bool = False, activation_checkpointing: bool = False, items: str = "samples",
                  diagnostics: DiagnosticsConfig | None = None):
         super().__init__()
+        from lit.init_from import allow_checkpoint_types  # deferred: init_from reads the models this module builds
+
+        allow_checkpoint_types()  # a run resumed with --ckpt_path reads its config types weights-only
         self.compiled, self.recompute_activations = compile, activation_checkpointing
         self.diagnostics = diagnostics if diagnostics is not None else DiagnosticsConfig()
         self.throughput, self.throughput_metric = ThroughputWindow(), f"train/{items}_per_s"
