@@ -116,3 +116,17 @@ def load_trained_task(path: str | Path, command: str) -> tuple[L.LightningModule
     module = task(**kwargs)
     module.load_state_dict(checkpoint["state_dict"])
     return module, hparams
+
+
+def recipe_datamodule(data: dict, command: str, **overrides: Any) -> L.LightningDataModule:
+    """The DataModule a recipe's ``data`` section names (``class_path`` and ``init_args``, ``overrides`` on top), with
+    one line when its class cannot be imported."""
+    import importlib
+
+    module_name, _, class_name = data["class_path"].rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UserInputError(f"{command}: the recipe's data class {data['class_path']!r} cannot be imported "
+                             f"({exc})") from exc
+    return cls(**{**dict(data.get("init_args") or {}), **overrides})

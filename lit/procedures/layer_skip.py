@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
-from lit.procedures.checkpoint_io import load_trained_task
+from lit.procedures.checkpoint_io import load_trained_task, recipe_datamodule
 
 SUBLAYERS = ("attn", "mlp")
 
@@ -208,13 +207,7 @@ def datamodule_for(hparams: dict, recipe: dict | None):
     """The recipe's DataModule, or the embedded corpus at the checkpoint's block size for a language model."""
     data = (recipe or {}).get("data")
     if isinstance(data, dict) and "class_path" in data:
-        module_name, _, class_name = data["class_path"].rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise UserInputError(f"layer-skip: the recipe's data class {data['class_path']!r} cannot be imported "
-                                 f"({exc})") from exc
-        return cls(**dict(data.get("init_args") or {}))
+        return recipe_datamodule(data, "layer-skip")
     if "block_size" in hparams and "vocab_size" in hparams:
         from lit.data import TextDataModule
 

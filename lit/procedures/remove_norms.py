@@ -50,7 +50,7 @@ from arch_plugins.progress import TrainingProgress, declare_progress_hook
 from lit.diagnostics import DiagnosticsConfig
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.language_model import LanguageModel
-from lit.procedures.checkpoint_io import TrainedLM, read_trained_lm, write_lm_checkpoint
+from lit.procedures.checkpoint_io import TrainedLM, read_trained_lm, recipe_datamodule, write_lm_checkpoint
 
 STD_EPS = 1e-5  # inside the per-token std the EMA averages (the reference's)
 
@@ -267,8 +267,6 @@ def finetune(source: TrainedLM, datamodule: L.LightningDataModule, options: RunO
 
 def read_recipe_data(path: str, **overrides) -> L.LightningDataModule:
     """The DataModule of a recipe's data section, with ``overrides`` replacing its arguments."""
-    import importlib
-
     import yaml
 
     recipe_path = Path(path)
@@ -280,13 +278,7 @@ def read_recipe_data(path: str, **overrides) -> L.LightningDataModule:
     if not isinstance(data, dict) or "class_path" not in data:
         raise UserInputError(f"remove-norms: {recipe_path} has no data section with a class_path; give the recipe "
                              f"of a language model, or --shards DIR")
-    module_name, _, class_name = data["class_path"].rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise UserInputError(f"remove-norms: the recipe's data class {data['class_path']!r} cannot be imported "
-                             f"({exc})") from exc
-    return cls(**{**dict(data.get("init_args") or {}), **overrides})
+    return recipe_datamodule(data, "remove-norms", **overrides)
 
 
 def datamodule_for(args, block_size: int) -> L.LightningDataModule:
