@@ -101,7 +101,6 @@ class ImageClassifier(ArchitectureTask):
         if layer_decay is not None:
             declare_layer_decay(self.model, layer_decay)
         top5 = min(5, num_classes)
-        self.train_acc = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -128,8 +127,8 @@ class ImageClassifier(ArchitectureTask):
         loss = F.cross_entropy(logits.float(), targets)
         self.log_training_step(loss, images.shape[0])
         labels = targets.argmax(dim=-1) if targets.is_floating_point() else targets
-        # The batch's top-1 accuracy as a device tensor (what train_acc's forward returned): the torchmetrics object
-        # resets its state from host defaults at every call, a host-to-device copy per step (tests/test_syncs.py).
+        # The batch's top-1 accuracy as a device tensor, not through a torchmetrics object: one resets its state from
+        # host defaults at every call, a host-to-device copy per step (tests/test_syncs.py).
         self.log("train/acc", (logits.argmax(dim=-1) == labels).float().mean())
         return loss
 
