@@ -100,3 +100,43 @@ def test_classifier_learns_digits(workdir):
     metrics = cli.trainer.callback_metrics
     assert metrics["val/acc1"] > 0.6, metrics
     assert {"train/loss", "train/acc", "val/loss", "val/acc5", "train/images_per_s"} <= set(metrics)
+
+
+def test_a_mid_epoch_resume_with_normalising_and_erasing_on_the_device_is_bit_identical(tmp_path):
+    """``normalize_on_device`` erases after the transfer, from the training process's random stream (not the
+    sample's seed): a run resumed mid-epoch must draw the same boxes and noise, as the checkpoint's random states
+    promise. Every image is erased (re_prob 1) and mixed, drop-path is on, two workers, repeated augmentation."""
+    import dataclasses
+
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit.diagnostics import DiagnosticsConfig
+    from lit.image_classifier import ImageClassifier
+    from lit.init_from import load_weights_only
+    from lit.models.vit import VIT_ARCH
+    from tests.conftest import make_image_folder
+
+    folder = make_image_folder(tmp_path / "imagenet", per_class=10)  # 18 train images after the minival: 4 steps/epoch
+
+    def fit(checkpoints, ckpt_path=None) -> None:
+        L.seed_everything(0)
+        arch = dataclasses.replace(VIT_ARCH, d_model=16, n_layers=2, n_heads=2, drop_path=0.1)
+        module = ImageClassifier(num_classes=2, image_size=32, patch_size=8, arch=arch, lr=2e-3, warmup_steps=0,
+                                 ema_decay=0.9, diagnostics=DiagnosticsConfig(interval=0))
+        dm = ImageFolderDataModule(str(folder), image_size=32, batch_size=4, num_workers=0, minival_fraction=0.1,
+                                   seed=0, re_prob=1.0, normalize_on_device=True)
+        trainer = L.Trainer(accelerator="cpu", max_epochs=2, max_steps=6, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, num_sanity_val_steps=0,
+                            limit_val_batches=0, callbacks=[ModelCheckpoint(checkpoints, filename="{step}", every_n_train_steps=1,
+                                                       save_top_k=-1)])
+        trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+
+    fit(tmp_path / "whole")
+    fit(tmp_path / "resumed", ckpt_path=str(tmp_path / "whole" / "step=5.ckpt"))  # one batch into epoch 2
+    expected = load_weights_only(tmp_path / "whole" / "step=6.ckpt")
+    resumed = load_weights_only(tmp_path / "resumed" / "step=6.ckpt")
+    for key in ("state_dict", "ema_state_dict"):
+        assert expected[key].keys() == resumed[key].keys()
+        for name, tensor in expected[key].items():
+            assert torch.equal(resumed[key][name], tensor), (key, name)
