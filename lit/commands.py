@@ -42,6 +42,7 @@ COMMANDS: dict[str, Command] = {
     "sync": Command("lit.tracking.sync:main", "send metrics kept while the tracking server was away, or copy a run"),
     "train-tokenizer": Command("lit.data.tokenizer_training:main", "train a byte-level BPE tokenizer on a corpus"),
     "prepare-data": Command("lit.data.prepare:main", "tokenize a corpus (text, JSONL, parquet) into token shards"),
+    "prepare-images": Command("lit.data.prepare_images:main", "pack an image folder into tar shards with an index"),
     "import-hf": Command("lit.interop.gpt2:main", "turn a local Hugging Face GPT-2 folder into a checkpoint"),
     "export-hf": Command("lit.interop.llama:main", "write a baseline-family checkpoint as a Hugging Face Llama folder"),
     "lm-eval": Command("lit.evaluation.command:main", "score a language-model checkpoint on lm-eval harness tasks"),

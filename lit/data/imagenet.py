@@ -3,6 +3,9 @@
     <root>/train/<class>/*.JPEG
     <root>/val/<class>/*.JPEG
 
+or the same images packed into tar shards by ``python cli.py prepare-images`` (``<root>/meta.json``), read by
+random access (``lit/data/sharded_images.py``): the same items in the same order, without listing every file.
+
 Augmentation is timm's own (RandAugment, random erasing, bicubic random-resized crop; Mixup/CutMix
 and label smoothing in ``ImageDataModule``); the defaults are DeiT's recipe, repeated augmentation (three
 copies of each image per epoch, ``lit/data/resumable.py``) and ``pixel`` random erasing included. Nothing is
@@ -21,11 +24,13 @@ from typing import Literal
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, create_transform
 from timm.data.random_erasing import RandomErasing
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.datasets import ImageFolder
 
+from lit.data.image_shard_format import check_image_folder, is_shard_directory, read_meta
 from lit.data.images import ImageDataModule
 from lit.data.resumable import train_loader
+from lit.data.sharded_images import ShardedImages
 from lit.errors import UserInputError
 
 QUICKSTART = "recipes/vit_tokenformer_digits.yaml"
@@ -33,15 +38,11 @@ QUICKSTART = "recipes/vit_tokenformer_digits.yaml"
 MINIVAL_SEED = 0
 
 
-def _classes(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.is_dir())
-
-
 class ImageFolderDataModule(ImageDataModule):
     """Images in ``root/{train,val}/<class>/``; ``num_classes`` comes from the folders.
 
     Args:
-        root: the dataset folder (holding train/ and val/).
+        root: the dataset folder (holding train/ and val/), or its shards (``cli.py prepare-images``).
         image_size: training crop and evaluation size.
         batch_size: images per batch and process.
         num_workers: decoding processes per DataLoader.
@@ -75,8 +76,9 @@ class ImageFolderDataModule(ImageDataModule):
         if not 0 <= minival_fraction < 1:
             raise UserInputError(f"--data.minival_fraction is the fraction of train held out for validation, in "
                                  f"[0, 1) (0: validate on val/), got {minival_fraction!r}")
-        self.root = self._check_root(root)
-        self.num_classes = len(_classes(self.root / "train"))
+        self.root, classes = self._check_root(root)
+        self.sharded = is_shard_directory(self.root)
+        self.num_classes = len(classes)
         self.image_size, self.in_chans = image_size, 3
         self.batch_size, self.num_workers = batch_size, num_workers
         self.auto_augment, self.re_prob, self.re_mode, self.color_jitter = auto_augment, re_prob, re_mode, color_jitter
@@ -87,22 +89,24 @@ class ImageFolderDataModule(ImageDataModule):
         self.crop_pct, self.interpolation = crop_pct, interpolation
 
     @staticmethod
-    def _check_root(root: str | None) -> Path:
-        how = (f"point --data.root at a folder holding train/<class>/*.JPEG and val/<class>/*.JPEG; "
-               f"to train without ImageNet run `python cli.py fit --config {QUICKSTART}`")
+    def _check_root(root: str | None) -> tuple[Path, list[str]]:
+        """The root and its classes; the root is an image folder or a shard directory (``meta.json``)."""
+        how = (f"point --data.root at a folder holding train/<class>/*.JPEG and val/<class>/*.JPEG, or at its shards "
+               f"(`python cli.py prepare-images`); to train without ImageNet run `python cli.py fit --config "
+               f"{QUICKSTART}`")
         if root is None:
             raise UserInputError(f"no image folder given: {how}")
         path = Path(root).expanduser()
-        if not (path / "train").is_dir() or not (path / "val").is_dir():
-            raise UserInputError(f"image folder {path} has no train/ and val/ subfolders: {how}")
-        train, val = _classes(path / "train"), _classes(path / "val")
-        if not train:
-            raise UserInputError(f"{path / 'train'} has no class folders: {how}")
-        if train != val:
-            missing = sorted(set(train) ^ set(val))[:3]
-            raise UserInputError(f"train/ and val/ of {path} have different classes (e.g. {missing}); "
-                                 "both need one folder per class, with the same names")
-        return path
+        if is_shard_directory(path):
+            return path, read_meta(path)["classes"]
+        return path, check_image_folder(path, how)
+
+    def _split(self, split: str, transform) -> Dataset:
+        """The ``train`` or ``val`` images, from the shards when the root holds them (the same items, in the same
+        order, as the folder's: ``lit/data/sharded_images.py``)."""
+        if self.sharded:
+            return ShardedImages(self.root, split, transform)
+        return ImageFolder(str(self.root / split), transform=transform)
 
     def setup(self, stage: str | None = None) -> None:
         # use_prefetcher: timm's transforms end at a uint8 tensor, without normalising or erasing.
@@ -113,15 +117,15 @@ class ImageFolderDataModule(ImageDataModule):
         eval_tf = create_transform(self.image_size, is_training=False, crop_pct=self.crop_pct,
                                    interpolation=self.interpolation, mean=IMAGENET_DEFAULT_MEAN,
                                    std=IMAGENET_DEFAULT_STD, use_prefetcher=self.normalize_on_device)
-        train = ImageFolder(str(self.root / "train"), transform=train_tf)
+        train = self._split("train", train_tf)
         if not self.has_test_split:
-            self.train_set, self.val_set = train, ImageFolder(str(self.root / "val"), transform=eval_tf)
+            self.train_set, self.val_set = train, self._split("val", eval_tf)
             return
         held, kept = minival_split(len(train), self.minival_fraction)
         # The same files as the minival, with the evaluation transform (the train transform augments).
         self.train_set = Subset(train, kept)
-        self.val_set = Subset(ImageFolder(str(self.root / "train"), transform=eval_tf), held)
-        self.test_set = ImageFolder(str(self.root / "val"), transform=eval_tf)
+        self.val_set = Subset(self._split("train", eval_tf), held)
+        self.test_set = self._split("val", eval_tf)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.normalize_on_device:
