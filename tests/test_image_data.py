@@ -127,8 +127,8 @@ def test_a_mid_epoch_resume_with_normalising_and_erasing_on_the_device_is_bit_id
         dm = ImageFolderDataModule(str(folder), image_size=32, batch_size=4, num_workers=0, minival_fraction=0.1,
                                    seed=0, re_prob=1.0, normalize_on_device=True)
         trainer = L.Trainer(accelerator="cpu", max_epochs=2, max_steps=6, logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, num_sanity_val_steps=0,
-                            limit_val_batches=0, callbacks=[ModelCheckpoint(checkpoints, filename="{step}", every_n_train_steps=1,
+                            enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                            callbacks=[ModelCheckpoint(checkpoints, filename="{step}", every_n_train_steps=1,
                                                        save_top_k=-1)])
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
 
