@@ -179,6 +179,19 @@ class NormStrategy:
         by attribute name. Most strategies do nothing here.
         """
 
+    def incremental_decoding_conflict(self, stack: StackInfo) -> str | None:
+        """What of this strategy stops a causal stack from decoding with a KV cache, in a few words that end with the
+        option that removes it, or None (default): every site module computes position t from position t.
+
+        A KV-cached decoding step (``GPT.generate``) runs the new positions alone, with the keys and values of the
+        earlier ones kept; that computes what the whole sequence does only where every module but attention computes
+        position t from position t (in eval mode). A site that reads the position within the sequence it is
+        handed (3PT's horn) or statistics over positions says so here; ``generate`` then recomputes the whole
+        context at every step and warns with this reason. tests/test_kv_cache.py checks every registered name
+        against the uncached output.
+        """
+        return None
+
 
 class ResidualMerge(nn.Module):
     """Merges one sublayer's output into the residual stream. One instance per sublayer."""
@@ -294,6 +307,18 @@ class ResidualType:
         change to the stream passes through the branch."""
         return None
 
+    def incremental_decoding_conflict(self, stack: StackInfo) -> str | None:
+        """What of this residual stops a causal stack from decoding with a KV cache (a few words ending with the option
+        that removes it), or None (default): the merges and the stream compute position t from position t of the
+        stream and of the history (earlier layers at the same position, as LAUREL-PA and AttnRes read it).
+
+        A KV-cached decoding step (``GPT.generate``) runs the new positions alone, with the keys and values of the
+        earlier ones kept; that computes what the whole sequence does only where every module but attention computes
+        position t from position t (in eval mode). ``generate`` recomputes the whole context at every step,
+        warning with this reason.
+        """
+        return None
+
 
 class ProjectionType:
     """Decides what maps d_in to d_out inside the block, and optionally what the FFN is made of.
@@ -325,6 +350,18 @@ class ProjectionType:
         """A depth rule of this projection's own that a branch multiplier would apply a second time (an init
         with a 1/n_layers factor), for a depth parametrization (CompleteP) to refuse in one line: a few words
         that end with the option that removes it. None (default): the projection's init does not follow depth."""
+        return None
+
+    def incremental_decoding_conflict(self, stack: StackInfo) -> str | None:
+        """What of this projection stops a causal stack from decoding with a KV cache (a few words ending with the
+        option that removes it), or None (default): each token is projected on its own (Pattention attends over
+        parameter tokens, not over positions).
+
+        A KV-cached decoding step (``GPT.generate``) runs the new positions alone, with the keys and values of the
+        earlier ones kept; that computes what the whole sequence does only where every module but attention computes
+        position t from position t (in eval mode). ``generate`` recomputes the whole context at every step,
+        warning with this reason.
+        """
         return None
 
 

@@ -48,9 +48,9 @@ def checkpoint_blocks(model: nn.Module) -> None:
 
 
 def _recomputed(forward):
-    def run(h: torch.Tensor, history: ResidualHistory, rope) -> torch.Tensor:
-        if not torch.is_grad_enabled():
-            return forward(h, history, rope)
+    def run(h: torch.Tensor, history: ResidualHistory, rope, cache=None) -> torch.Tensor:
+        if not torch.is_grad_enabled() or cache is not None:  # nothing to recompute; a KV cache means decoding
+            return forward(h, history, rope, cache)
         if not history.recording:  # nothing looks back: the block's input is all a recomputation needs
             return checkpoint(forward, h, history, rope, use_reentrant=False)
         # A block appends to the shared history and residuals may read it (LAUREL-PA looks back). Recomputing

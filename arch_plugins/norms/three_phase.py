@@ -142,3 +142,9 @@ class ThreePhaseStrategy(NormStrategy):
         if site == Site.ATTN_AFTER_ADD:
             return PhaseRotation(dim, self.phases, layer, stack.num_layers, self.weight_decay)
         return None
+
+    def incremental_decoding_conflict(self, stack: StackInfo) -> str | None:
+        if self.horn:  # the profile is computed for the sequence at hand: a cached step's lone token would be p = 0
+            return ("adds the horn's 1/(p+1) profile of each token's place in the sequence it is handed, which a "
+                    "KV-cached step (the new token alone) cannot place; norm_options {horn: false} removes it")
+        return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,6 +11,7 @@ from torch import nn
 from arch_plugins.declarations import declare_role
 from arch_plugins.interfaces import Role, Site
 from lit.errors import ArchitectureError
+from lit.models.kv_cache import KVCache
 from lit.models.transformer import TransformerConfig, TransformerStack
 
 
@@ -40,17 +43,20 @@ class GPT(nn.Module):
         self.readout_multiplier = self.stack.output_multiplier
         self.stack.parametrize(self)
 
-    def forward(self, idx: torch.Tensor, readout: bool = True) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, readout: bool = True, cache: KVCache | None = None) -> torch.Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab); with ``readout=False``, the head's input (B, T, d), which
-        a loss then passes through ``readout`` a chunk of tokens at a time (lit/readout_loss.py)."""
+        a loss then passes through ``readout`` a chunk of tokens at a time (lit/readout_loss.py). With a ``cache``
+        (``generate``): idx holds the T tokens after the ``cache.length`` cached ones, at positions from there."""
         T = idx.shape[1]
-        if T > self.block_size:
-            raise ArchitectureError(f"sequence length {T} exceeds block_size {self.block_size}, the length the model's "
-                                    f"RoPE and position tables were built for; use the data's block_size for the model")
+        offset = cache.length if cache is not None else 0
+        if offset + T > self.block_size:
+            raise ArchitectureError(f"sequence length {offset + T} exceeds block_size {self.block_size}, the length "
+                                    f"the model's RoPE and position tables were built for; use the data's block_size "
+                                    f"for the model")
         x = self.tok(idx)
         if self.pos is not None:
-            x = x + self.pos.weight[:T]
-        h = self.stack(x)
+            x = x + self.pos.weight[offset:offset + T]
+        h = self.stack(x, cache)
         if self.readout_multiplier is not None:
             h = h * self.readout_multiplier
         return self.readout(h) if readout else h
@@ -59,12 +65,39 @@ class GPT(nn.Module):
         """The head's input -> logits: the LM head, then the norm strategy's logits site."""
         return self.logits(self.head(h))
 
+    def kv_cache_conflict(self) -> str | None:
+        """Why ``generate`` cannot keep a KV cache for this model now (one line naming the cause), or None."""
+        if self.training:
+            return ("the model is in training mode, where a norm may normalise by statistics over every position of "
+                    "the batch (BatchNorm-family strategies); call .eval() first")
+        return self.stack.incremental_decoding_conflict()
+
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Autoregressive sampling; temperature 0 is greedy. Returns (B, T + max_new_tokens)."""
+                 top_k: int | None = None, generator: torch.Generator | None = None,
+                 use_cache: bool = True) -> torch.Tensor:
+        """Autoregressive sampling; temperature 0 is greedy. Returns (B, T + max_new_tokens).
+
+        With ``use_cache`` each step runs the new token alone against the keys and values kept from the steps before
+        (lit/models/kv_cache.py): the same tokens and logits as recomputing the whole context (tests/test_kv_cache.py),
+        at a cost per token that does not grow with the context's length. Without it, or where ``kv_cache_conflict``
+        names a component that computes a position from other positions (a warning says which), every step
+        recomputes the context. Once the sequence outgrows block_size the context window slides, every kept token
+        moves to a new position and sees fewer tokens before it, so from then on each step recomputes the window,
+        cache or not: the output stays that of the uncached model.
+        """
+        conflict = self.kv_cache_conflict() if use_cache else None
+        if conflict is not None:
+            warnings.warn(f"generate runs without a KV cache: {conflict}", stacklevel=2)
+        cache = self.stack.new_cache() if use_cache and conflict is None else None
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.block_size:])[:, -1, :].float()
+            if cache is not None and idx.shape[1] <= self.block_size:
+                # The first step reads the whole prompt (prefill), every later one the token sampled last.
+                h = self(idx[:, cache.length:], readout=False, cache=cache)
+                logits = self.readout(h[:, -1:, :])[:, -1, :].float()
+            else:
+                cache = None  # past block_size: the window slides (see above)
+                logits = self(idx[:, -self.block_size:])[:, -1, :].float()
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:

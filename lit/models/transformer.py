@@ -36,6 +36,7 @@ from arch_plugins.declarations import (
 from arch_plugins.interfaces import Concat, Kind, ResidualHistory, Role, Site, StackInfo
 from arch_plugins.stabilisers import with_stabilisers
 from lit.errors import ArchitectureError
+from lit.models.kv_cache import KVCache, causal_mask
 from lit.models.rope import RotaryEmbedding
 
 
@@ -167,6 +168,7 @@ class Attention(nn.Module):
         super().__init__()
         d, proj = cfg.d_model, plugins.projection
         self.n_heads, self.causal, self.dropout = cfg.n_heads, stack.causal, cfg.dropout
+        self.layer = layer  # which of a KV cache's layers is this one's
         roles = [Role.Q, Role.K, Role.V]
         self.qkv = proj.fused(d, [d, d, d], roles, layer, stack, bias=cfg.bias,
                               init_std=_init_std(cfg, Role.Q, plugins, stack))
@@ -186,19 +188,26 @@ class Attention(nn.Module):
         # attention really uses (plugins applied), its scale and causality, since SDPA hides probabilities.
         self.inspect: Callable[[torch.Tensor, torch.Tensor, float, bool], None] | None = None
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding | None, cache: KVCache | None = None) -> torch.Tensor:
+        """x: (B, T, d). With a ``cache``, x holds the T positions after the ``cache.length`` cached ones, whose
+        keys and values the cache adds to the attention (lit/models/kv_cache.py)."""
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         if self.qk_before_rope is not None:
             q, k = self.qk_before_rope(q, k)
+        offset = cache.length if cache is not None else 0
         if rope is not None:
-            q, k = rope(q), rope(k)
+            q, k = rope(q, offset), rope(k, offset)
         if self.qk is not None:
             q, k = self.qk(q, k)
+        causal, mask = self.causal, None
+        if cache is not None:
+            k, v = cache.extend(self.layer, k, v)
+            causal, mask = causal_mask(T, k.shape[-2], x.device)
         if self.inspect is not None:
             self.inspect(q, k, self.scale if self.scale is not None else q.shape[-1] ** -0.5, self.causal)
         if self.probs is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale,
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
                                                dropout_p=self.dropout if self.training else 0.0)
         else:
             y = self._explicit_attention(q, k, v)
@@ -280,12 +289,13 @@ class Block(nn.Module):
         self.attn_fused = fusable and self.attn_merge.fuse(self.attn_out, self.attn_after_add)
         self.mlp_fused = fusable and self.mlp_merge.fuse(self.mlp_out, self.mlp_after_add)
 
-    def forward(self, h: torch.Tensor, history: ResidualHistory, rope: RotaryEmbedding | None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, history: ResidualHistory, rope: RotaryEmbedding | None,
+                cache: KVCache | None = None) -> torch.Tensor:
         recording = history.recording
         if recording:
             history.block_inputs.append(h)
         x = self.attn_merge.branch_input(h, history)
-        y = self.drop(self.attn(self.attn_in(x), rope))
+        y = self.drop(self.attn(self.attn_in(x), rope, cache))
         if self.attn_fused:
             h, y = self.attn_merge.fused(h, y, history)
         else:
@@ -353,7 +363,9 @@ class TransformerStack(nn.Module):
         finally:
             self.history_wanted = wanted
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """x: (B, T, d) -> (B, T, d). With a ``cache``: the T positions after the cached ones, which the cache then
+        counts (only where ``incremental_decoding_conflict`` is None does that equal running the whole sequence)."""
         x = self.embedding(x)
         if self.residual_reads_history or self.history_wanted:
             history = ResidualHistory(states=[x])
@@ -361,10 +373,29 @@ class TransformerStack(nn.Module):
             history = ResidualHistory(recording=False)
         h = self.stream.begin(x, history) if self.stream is not None else x
         for block in self.blocks:
-            h = block(h, history, self.rope)
+            h = block(h, history, self.rope, cache)
         if self.stream is not None:
             h = self.stream.end(h, history)
+        if cache is not None:
+            cache.advance(x.shape[1])
         return self.final(h)
+
+    def new_cache(self) -> KVCache:
+        """An empty KV cache for this stack, as long as its RoPE table (``max_len``)."""
+        return KVCache(len(self.blocks), self.max_len)
+
+    def incremental_decoding_conflict(self) -> str | None:
+        """Why a KV-cached step (the new positions alone) would not compute what the whole sequence does, naming the
+        component, or None: the norm strategy, residual type and projection type each answer for what they build
+        (their ``incremental_decoding_conflict`` hook); attention is the one part that reads other positions, and
+        the cache serves it."""
+        cfg, plugins = self.cfg, self.plugins
+        for kind, name, plugin in (("norm", cfg.norm, plugins.norm), ("residual", cfg.residual, plugins.residual),
+                                   ("projection", cfg.projection, plugins.projection)):
+            reason = plugin.incremental_decoding_conflict(self.info)
+            if reason is not None:
+                return f"{kind} {name!r} {reason}"
+        return None
 
     @property
     def plugin_specs(self) -> list[registry.PluginSpec]:
