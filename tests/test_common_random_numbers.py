@@ -18,7 +18,7 @@ SEED = 1337
 
 
 def gpt(**arch):
-    config = TransformerConfig(d_model=32, n_layers=2, n_heads=2, **arch)
+    config = TransformerConfig(**{"d_model": 32, "n_layers": 2, "n_heads": 2, **arch})
     return lambda: GPT(50, 16, config)
 
 
@@ -186,3 +186,137 @@ def test_the_tasks_build_their_model_by_the_rule_they_are_given(task):
         base, variant = make(rule), make(rule, residual="laurel_lr")
         assert base.hparams.random_numbers == rule  # saved with the run's hyperparameters
         assert (shared(base.model, variant.model)[1] == []) == (rule == BY_NAME)
+
+
+class StreamsBefore:
+    """``RuntimeStreams`` as it was before attention drew from its own stream (commit 41e91a9), CPU part: a pre-hook
+    on every module reseeds, nothing hands the caller's stream back. The reference for what must not change."""
+
+    def __init__(self, model: nn.Module, seed: int):
+        from lit.common_random_numbers import keyed_seed
+
+        self.seed, self.batch_key, self.keyed = seed, 0, keyed_seed
+        for path, module in model.named_modules():
+            module.register_forward_pre_hook(self._hook(keyed_seed(path or "(model)")))
+
+    def _hook(self, path_key: int):
+        def reseed(module, args):
+            if module.training:
+                torch.default_generator.manual_seed(self.batch_key ^ path_key)
+        return reseed
+
+    def start_batch(self, batch: int) -> None:
+        self.batch_key = self.keyed(self.seed, 0, batch)
+        torch.default_generator.manual_seed(self.batch_key ^ self.keyed("(batch)"))
+
+
+def attention_masks(monkeypatch, model: nn.Module, streams, steps: int = 2) -> dict[tuple[int, int], torch.Tensor]:
+    """The attention-dropout mask of every layer over a few training batches, by (layer, batch): the mask the
+    generator gives at the moment attention draws it, read without consuming it (SDPA's mask; checked below)."""
+    masks, where = {}, {"batch": 0}
+    sdpa, dropout = torch.nn.functional.scaled_dot_product_attention, torch.nn.functional.dropout
+
+    def record(shape, p):
+        with torch.random.fork_rng(devices=[]):
+            mask = dropout(torch.ones(shape), p) != 0
+        layer = sum(1 for b, _ in masks if b == where["batch"])
+        masks[(where["batch"], layer)] = mask
+
+    def recording_sdpa(q, k, v, *args, dropout_p=0.0, **kwargs):
+        if dropout_p > 0:
+            record((*q.shape[:-1], k.shape[-2]), dropout_p)
+        return sdpa(q, k, v, *args, dropout_p=dropout_p, **kwargs)
+
+    def recording_dropout(x, p=0.5, *args, **kwargs):  # the explicit-attention path drops its 4-d weights
+        if x.dim() == 4 and p > 0:
+            record(x.shape, p)
+        return dropout(x, p, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    monkeypatch.setattr(torch.nn.functional, "dropout", recording_dropout)
+    model.train()
+    data = torch.Generator().manual_seed(0)
+    for b in range(steps):
+        where["batch"] = b
+        streams.start_batch(b)
+        model(torch.randint(0, 50, (2, 16), generator=data)).sum().backward()
+    monkeypatch.undo()
+    return masks
+
+
+def test_the_recorded_mask_is_the_one_attention_applies():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 16, 8) for _ in range(3))
+    with torch.random.fork_rng(devices=[]):
+        mask = torch.nn.functional.dropout(torch.ones(2, 2, 16, 16), 0.3) != 0
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.3)  # the same state
+    scores = (q @ k.transpose(-1, -2) * 8 ** -0.5).masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1),
+                                                                float("-inf"))
+    assert torch.allclose(y, (scores.softmax(-1) * mask / 0.7) @ v, atol=1e-5)
+
+
+def test_each_layer_draws_its_attention_dropout_from_its_own_stream(monkeypatch):
+    # Before: attention drew after calling the shared `rope` module, whose hook had reseeded last: every layer drew
+    # `stack.rope`'s numbers, the same mask in each.
+    model = built(gpt(dropout=0.2, n_layers=3), BY_NAME)
+    masks = attention_masks(monkeypatch, model, RuntimeStreams(model, SEED))
+    assert len(masks) == 6
+    for batch in (0, 1):
+        layers = [masks[(batch, layer)] for layer in range(3)]
+        assert not torch.equal(layers[0], layers[1]) and not torch.equal(layers[1], layers[2])
+    assert not torch.equal(masks[(0, 0)], masks[(1, 0)])  # and a new mask each batch
+
+
+@pytest.mark.parametrize("variant", [dict(residual="laurel_lr"), dict(qk_norm="rmsnorm"),
+                                     dict(clipped_softmax_gamma=-0.05)], ids=["laurel_lr", "qk_norm", "explicit"])
+def test_attention_dropout_masks_agree_across_variants_by_layer_and_batch(monkeypatch, variant):
+    # A module added before attention (LAUREL), a child attention calls before it draws (QK-norm), attention's own
+    # explicit softmax path (clipped softmax): the layer's mask is the baseline's all the same. Before, the
+    # explicit path drew from its `probs` child's stream and the SDPA path from `rope`'s.
+    masks = {}
+    for name, arch in (("base", {}), ("variant", variant)):
+        model = built(gpt(dropout=0.2, **arch), BY_NAME)
+        masks[name] = attention_masks(monkeypatch, model, RuntimeStreams(model, SEED))
+    assert len(masks["base"]) == 4 and masks["base"].keys() == masks["variant"].keys()
+    assert all(torch.equal(masks["base"][k], masks["variant"][k]) for k in masks["base"])
+
+
+def train(model: nn.Module, streams, steps: int = 3) -> list[torch.Tensor]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data, losses = torch.Generator().manual_seed(0), []
+    model.train()
+    for b in range(steps):
+        streams.start_batch(b)
+        x = torch.randint(0, 50, (2, 16), generator=data)
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.roll(-1, 1).flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return [*losses, *model.parameters()]
+
+
+@pytest.mark.parametrize("arch", [dict(drop_path=0.3), dict(drop_path=0.3, residual="laurel_lr", qk_norm="rmsnorm")],
+                         ids=["drop_path", "drop_path_laurel_qk_norm"])
+def test_without_attention_dropout_training_is_bit_identical_to_the_streams_before(arch):
+    # Every recipe trains with dropout 0: the change to where attention draws must change none of their numbers.
+    # Stochastic depth (drawn by a leaf module, DropPath, at its own entry) is on, so the streams are really used.
+    got = []
+    for streams_class in (StreamsBefore, RuntimeStreams):
+        model = built(gpt(**arch), BY_NAME)
+        got.append(train(model, streams_class(model, SEED)))
+    assert all(torch.equal(a, b) for a, b in zip(*got, strict=True))
+    assert not torch.equal(got[0][0], got[0][1])  # the losses moved: a run, not a constant
+
+
+def test_a_forward_hands_the_global_stream_back_where_it_was():
+    # What changed for a run without dropout, by design: after the forward the global generator is where the batch
+    # left it (before, it was left seeded by the last module entered). A fit draws nothing there (batch mixing
+    # draws before the forward): a by-name fit's losses and weights were checked bit-identical before and after.
+    model = built(gpt(drop_path=0.3), BY_NAME)
+    streams = RuntimeStreams(model, SEED)
+    model.train()
+    streams.start_batch(0)
+    expected = torch.random.get_rng_state()
+    model(torch.zeros(2, 16, dtype=torch.long)).sum().backward()
+    assert torch.equal(torch.random.get_rng_state(), expected) and streams._callers == []
