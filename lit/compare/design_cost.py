@@ -1,21 +1,20 @@
 """What a design decides and what it costs, in one family: a sequential sweep against fixed seed counts.
 
 A sequential sweep spends seeds only while a comparison is open, so its cost is a random number, and so is the
-number of comparisons it decides; a fixed design's cost is known and its decisions are random. They compare like
-for like only in the same family (the same comparisons under the same multiplicity rule), at the same true effects,
+number of comparisons it decides; a fixed design's cost is known and its decisions are random. They compare like for
+like only in the same family (the same comparisons under the same multiplicity rule), at the same true effects,
 costed at the same run times. This module simulates that: each comparison's per-seed paired differences are drawn
-normal around a true mean with a true sd (independently: the shared baseline's correlation is left out, as in the
-review that first drew this table), and every simulated family goes through the very code a sweep and a report
-run: ``sequential.evidence``/``sequential.decide`` for the looks, and compare's paired t with Holm
-(``calibration.family_rejections``) for a fixed design.
+normal around a true mean with a true sd, independently across comparisons (as in the review that first drew this
+table) or with a correlation between them (a shared baseline as noisy as each variant gives 0.5), and every
+simulated family goes through the very code a sweep and a report run: ``sequential.evidence``/``sequential.decide``
+for the looks, and compare's paired t with Holm (``calibration.family_rejections``) for a fixed design.
 
 Cost, in core-hours: the tuning runs (the same for every design), plus each variant's seed runs at its own
 per-seed time, plus the baseline's seeds. The baseline runs as many seeds as its longest-running comparison
 (what a sequential sweep does: it runs the baseline while any comparison is open), so a fixed design of n seeds
 pays n for every arm.
 
-A decision is a "better" or "worse" verdict (a rejection, in either direction: with true effects of this size a
-wrong-direction verdict is very rare, and both designs would print it).
+A decision is a "better" or "worse" verdict: a rejection in either direction, counted as a report would print it.
 
 ``python -m benchmarks.reproduction_leads --design-table`` feeds it the leads sweep's own estimates and writes
 docs/reproduction/leads-compute.md; statistics-review-3 (D4) drew the first such table with its own scripts.
@@ -82,11 +81,14 @@ class Outcome:
     core_hours: Estimate
 
 
-def draw(rng: np.random.Generator, family: Family, reps: int, seeds: int) -> np.ndarray:
-    """Per-seed paired differences, shape (reps, comparisons, seeds)."""
+def draw(rng: np.random.Generator, family: Family, reps: int, seeds: int, correlation: float = 0.0) -> np.ndarray:
+    """Per-seed paired differences, shape (reps, comparisons, seeds); at each seed every two comparisons' noise
+    correlates ``correlation`` (at least 0: what they share is the baseline's run of that seed)."""
     effects = np.array([a.effect for a in family.arms])
     sds = np.array([a.sd for a in family.arms])
-    noise = rng.standard_normal((reps, len(family.arms), seeds))
+    shared = rng.standard_normal((reps, 1, seeds))
+    own = rng.standard_normal((reps, len(family.arms), seeds))
+    noise = math.sqrt(correlation) * shared + math.sqrt(1 - correlation) * own
     return effects[None, :, None] + sds[None, :, None] * noise
 
 
@@ -117,11 +119,11 @@ def fixed_outcome(differences: np.ndarray, family: Family, seeds: int, alpha: fl
 
 
 def compare_designs(family: Family, plan: sequential.Plan, fixed_seeds: Sequence[int], reps: int,
-                    seed: int) -> list[Outcome]:
+                    seed: int, correlation: float = 0.0) -> list[Outcome]:
     """The sequential design (with the plan's futility and without it) and each fixed design, all on the same
     simulated families (common random numbers: their differences are measured more precisely than each alone)."""
     rng = np.random.default_rng(seed)
-    differences = draw(rng, family, reps, max(plan.looks[-1], *fixed_seeds))
+    differences = draw(rng, family, reps, max(plan.looks[-1], *fixed_seeds), correlation)
     outcomes = [sequential_outcome(differences, family, plan)]
     if plan.effect_of_interest:
         without = sequential.Plan(plan.looks, plan.alpha, plan.spending, None, plan.futility_power)
