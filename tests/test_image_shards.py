@@ -65,7 +65,7 @@ def test_the_shards_hold_the_folders_images_byte_for_byte_with_its_labels(folder
     first = meta["splits"]["train"]["shards"][0]
     with tarfile.open(shards / first["file"]) as tar:
         members = tar.getmembers()
-    assert [m.name for m in members[:2]] == ["00000000.jpeg", "00000000.cls"]
+    assert [m.name for m in members[:2]] == ["00000000.jpg", "00000000.cls"]
     images = members[::2]
     assert [m.offset_data for m in images] == rows["offset"][: first["images"]].tolist()
     # A worker started by spawn gets the dataset pickled: it maps the index and opens the shards itself.
@@ -141,3 +141,26 @@ def test_bad_input_is_one_error_line_and_loses_nothing(folder, shards, tmp_path,
     (tmp_path / "tokens" / "meta.json").write_text('{"format": "llm.c"}')
     with pytest.raises(UserInputError, match="not image shards"):
         ImageFolderDataModule(str(tmp_path / "tokens"))
+
+
+def test_packing_memory_does_not_grow_with_the_number_of_images(tmp_path):
+    import tracemalloc
+
+    from lit.data.prepare_images import pack
+
+    def peak_bytes(per_class: int) -> int:
+        root = tmp_path / f"folder{per_class}"
+        for split in ("train", "val"):
+            for c in range(10):
+                (root / split / f"c{c}").mkdir(parents=True)
+                for i in range(per_class):
+                    (root / split / f"c{c}" / f"{i}.JPEG").write_bytes(b"\xff\xd8" + bytes(100))
+        tracemalloc.start()
+        try:
+            pack(root, tmp_path / f"out{per_class}", shard_bytes=1 << 30, progress_every=0)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    few, many = peak_bytes(5), peak_bytes(30)  # 100 images, then 600: one class folder's names more, nothing per image
+    assert many - few < 8_000, (few, many)

@@ -2,13 +2,14 @@
 ``prepare-images`` imports it).
 
     <out>/meta.json              classes (label = position), each split's shards with their image counts and bytes
-    <out>/train-000000.tar ...   uncompressed POSIX tar: ``00000000.jpeg`` (the file's bytes, unchanged) and
+    <out>/train-000000.tar ...   uncompressed POSIX tar: ``00000000.jpg`` (the file's bytes, unchanged) and
                                  ``00000000.cls`` (its label, as text), in the order torchvision's ImageFolder lists
     <out>/train.index            one row per image: shard number, label, byte offset of its data, byte size
     <out>/val-000000.tar ... val.index
 
-The tars are webdataset's layout (one sample per key, members named ``key.ext``), so ``tar tf``, webdataset or
-timm's ``wds`` reader can stream them; this project reads them by random access instead: the index gives each
+The tars are in webdataset's layout (one sample per key, members named ``key.ext``, labels in ``.cls``), so ``tar``
+lists them and streaming readers of that layout could read them (not tried here: webdataset is not a dependency);
+this project reads them by random access instead: the index gives each
 image's offset in its shard, one positioned read fetches its bytes. Image ``i`` of a split is the folder's image
 ``i``, with the folder's label, so the sampler's order, repeated augmentation, per-sample seeds, the minival and a
 resume are the same on shards as on the folder, and setup reads two small files instead of listing every image.
@@ -16,7 +17,6 @@ resume are the same on shards as on the folder, and setup reads two small files 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tarfile
@@ -36,6 +36,15 @@ INDEX_DTYPE = np.dtype([("shard", "<u4"), ("label", "<u4"), ("offset", "<u8"), (
 # the shards hold the files the folder path reads and no other; copied to keep torch out of this module.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 TAR_BLOCK = 512
+END_BLOCKS = 2  # two zero blocks end a tar archive
+# Member extensions as webdataset's ImageNet shards name them (``.jpg``; timm's ``wds`` reader looks for jpg, png or
+# webp); the others keep their own, lower-cased.
+MEMBER_SUFFIXES = {".jpeg": ".jpg"}
+
+
+def member_suffix(path: Path) -> str:
+    suffix = path.suffix.lower()
+    return MEMBER_SUFFIXES.get(suffix, suffix)
 
 
 def class_names(folder: Path) -> list[str]:
@@ -79,7 +88,10 @@ def _padded(size: int) -> int:
 
 class ImageShardWriter:
     """One split's images appended to ``<split>-NNNNNN.tar`` shards of at most ``shard_bytes`` (a larger image gets
-    a shard of its own), with each image's index row appended to ``<split>.index`` as it is written."""
+    a shard of its own), with each image's index row appended to ``<split>.index`` as it is written.
+
+    Members are written here from ``TarInfo`` headers rather than through ``tarfile.TarFile``, which keeps every
+    member it wrote in a list (memory growing with the shard) and does not say where a member's data starts."""
 
     def __init__(self, directory: Path, split: str, shard_bytes: int):
         self.directory, self.split, self.shard_bytes = Path(directory), split, shard_bytes
@@ -87,8 +99,8 @@ class ImageShardWriter:
         self.images = 0
         self.written: list[Path] = []  # every file this writer created (removed if the preparation is refused)
         self._index = self._create(f"{split}.index")
-        self._tar: tarfile.TarFile | None = None
-        self._in_shard = 0
+        self._tar = None
+        self._offset = self._in_shard = 0
 
     def _create(self, name: str):
         path = self.directory / name
@@ -96,33 +108,36 @@ class ImageShardWriter:
         return open(path, "xb")  # never over a file this call did not write
 
     def add(self, data: bytes, suffix: str, label: int) -> None:
-        size = _padded(len(data)) + 2 * TAR_BLOCK  # data, its header and the label member's
-        if self._tar is not None and self._tar.offset + size > self.shard_bytes and self._in_shard:
+        size = _padded(len(data)) + 3 * TAR_BLOCK  # its header and data, the label's header and data
+        if self._tar is not None and self._offset + size + END_BLOCKS * TAR_BLOCK > self.shard_bytes:
             self._close_shard()
         if self._tar is None:
-            self._tar = tarfile.open(fileobj=self._create(f"{self.split}-{len(self.shards):06d}.tar"), mode="w",
-                                     format=tarfile.USTAR_FORMAT)
+            self._tar = self._create(f"{self.split}-{len(self.shards):06d}.tar")
         key = f"{self.images:08d}"
-        self._member(f"{key}{suffix}", data)
-        offset = self._tar.offset - _padded(len(data))  # the data ends the member just written
+        offset = self._member(f"{key}{suffix}", data)
         self._member(f"{key}.cls", str(label).encode())
-        row = np.array([(len(self.shards), label, offset, len(data))], dtype=INDEX_DTYPE)
-        self._index.write(row.tobytes())
+        self._index.write(np.array([(len(self.shards), label, offset, len(data))], dtype=INDEX_DTYPE).tobytes())
         self.images += 1
         self._in_shard += 1
 
-    def _member(self, name: str, data: bytes) -> None:
+    def _member(self, name: str, data: bytes) -> int:
+        """Write one member; return where its data starts."""
         info = tarfile.TarInfo(name)
         info.size, info.mode, info.mtime = len(data), 0o444, 0  # the same bytes on every run
-        self._tar.addfile(info, io.BytesIO(data))
+        header = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+        self._tar.write(header)
+        self._tar.write(data)
+        self._tar.write(bytes(_padded(len(data)) - len(data)))
+        start = self._offset + len(header)
+        self._offset = start + _padded(len(data))
+        return start
 
     def _close_shard(self) -> None:
-        fileobj = self._tar.fileobj
-        self._tar.close()  # writes the end-of-archive blocks, leaves the file object open
-        fileobj.close()
-        self.shards.append({"file": Path(fileobj.name).name, "images": self._in_shard,
-                            "bytes": Path(fileobj.name).stat().st_size})
-        self._tar, self._in_shard = None, 0
+        self._tar.write(bytes(END_BLOCKS * TAR_BLOCK))  # the end of the archive, as tar writes it
+        self._tar.close()
+        self.shards.append({"file": Path(self._tar.name).name, "images": self._in_shard,
+                            "bytes": self._offset + END_BLOCKS * TAR_BLOCK})
+        self._tar, self._offset, self._in_shard = None, 0, 0
 
     def close(self) -> None:
         if self._tar is not None:

@@ -25,6 +25,7 @@ from lit.data.image_shard_format import (
     ImageShardWriter,
     check_image_folder,
     folder_images,
+    member_suffix,
 )
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 
@@ -49,7 +50,7 @@ def pack(source: str | Path, out: str | Path, shard_bytes: int = 1 << 30, progre
             writer = ImageShardWriter(out, split, shard_bytes)
             writers.append(writer)
             for path, label in folder_images(source / split, classes):
-                writer.add(path.read_bytes(), path.suffix.lower(), label)
+                writer.add(path.read_bytes(), member_suffix(path), label)
                 if progress_every and time.perf_counter() - last >= progress_every:
                     last = time.perf_counter()
                     print(f"prepare-images: {split}: {writer.images:,} images, "
@@ -62,7 +63,7 @@ def pack(source: str | Path, out: str | Path, shard_bytes: int = 1 << 30, progre
                 path.unlink(missing_ok=True)
         raise
     meta = {"format": FORMAT, "version": VERSION, "source": str(source.resolve()), "classes": classes,
-            "index_dtype": [[name, INDEX_DTYPE[name].str] for name in INDEX_DTYPE.names],
+            "index_dtype": {name: INDEX_DTYPE[name].str for name in INDEX_DTYPE.names},
             "splits": {w.split: {"images": w.images, "index": f"{w.split}.index", "shards": w.shards}
                        for w in writers}}
     partial = out / "meta.json.partial"
