@@ -43,7 +43,7 @@ COMMANDS: dict[str, Command] = {
     "train-tokenizer": Command("lit.data.tokenizer_training:main", "train a byte-level BPE tokenizer on a corpus"),
     "prepare-data": Command("lit.data.prepare:main", "tokenize a corpus (text, JSONL, parquet) into token shards"),
     "prepare-images": Command("lit.data.prepare_images:main", "pack an image folder into tar shards with an index"),
-    "import-hf": Command("lit.interop.gpt2:main", "turn a local Hugging Face GPT-2 folder into a checkpoint"),
+    "import-hf": Command("lit.interop.import_hf:main", "turn a local HF folder (GPT-2, Llama) into a checkpoint"),
     "export-hf": Command("lit.interop.llama:main", "write a baseline-family checkpoint as a Hugging Face Llama folder"),
     "lm-eval": Command("lit.evaluation.command:main", "score a language-model checkpoint on lm-eval harness tasks"),
     "coord-check": Command("lit.scale.coord_check_command:main",

@@ -101,3 +101,63 @@ def test_export_refuses_a_plugin_variant(tmp_path, capsys):
         main(["export-hf", str(path), "--out", str(tmp_path / "llama")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "norm='layernorm'" in err and not (tmp_path / "llama").exists()
+
+
+def llama_folder(tmp_path, name="llama", **overrides):
+    """A tiny LlamaForCausalLM made here (random weights, norm gains drawn around 1), saved with save_pretrained."""
+    torch.manual_seed(2)
+    settings = dict(vocab_size=89, hidden_size=32, intermediate_size=72, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=4, max_position_embeddings=24, rope_theta=5000.0, rms_norm_eps=1e-5)
+    config = transformers.LlamaConfig(**{**settings, **overrides})
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:  # gains (and biases) away from 1 and 0: a swapped or missing one would show
+                p.add_(0.2 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / name)
+    return tmp_path / name, model
+
+
+@pytest.mark.parametrize("variant", [{}, {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True}],
+                         ids=["untied", "tied_biases"])
+def test_imported_llama_gives_the_same_logits(tmp_path, variant):
+    from lit.commands import main
+    from lit.procedures.checkpoint_io import read_trained_lm
+
+    folder, reference = llama_folder(tmp_path, **variant)
+    main(["import-hf", str(folder), "--out", str(tmp_path / "llama.ckpt")])
+    module = read_trained_lm(tmp_path / "llama.ckpt", "test").load().eval()
+    arch = module.hparams.arch
+    assert (arch.rope_base, arch.norm_options["eps"], arch.bias) == (5000.0, 1e-5, bool(variant))
+    assert (module.model.head.weight is module.model.tok.weight) == bool(variant)
+    idx = torch.randint(0, 89, (2, 24))
+    with torch.no_grad():
+        assert (module(idx) - reference(idx).logits).abs().max().item() < 1e-5
+
+
+def test_llama_export_then_import_round_trips(tmp_path):
+    from lit.interop.llama import export_llama, import_llama
+
+    _, module = baseline_checkpoint(tmp_path, rope_base=500.0)
+    back = import_llama(export_llama(module, tmp_path / "llama")).eval()
+    assert back.hparams.arch.rope_base == 500.0
+    idx = torch.randint(0, 101, (2, 32))
+    with torch.no_grad():
+        assert (back(idx) - module(idx)).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("field,value", [("num_key_value_heads", 2), ("rope_scaling", {"rope_type": "linear",
+                                                                                        "factor": 2.0})])
+def test_llama_import_refuses_what_the_stack_cannot_express(tmp_path, capsys, field, value):
+    from lit.commands import main
+
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    config = {"model_type": "llama", "vocab_size": 89, "hidden_size": 32, "intermediate_size": 72,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 24, field: value}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["import-hf", str(folder), "--out", str(tmp_path / "x.ckpt")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1
+    assert field in err and not (tmp_path / "x.ckpt").exists()

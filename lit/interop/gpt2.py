@@ -1,5 +1,6 @@
 """Import a Hugging Face GPT-2 checkpoint (``GPT2LMHeadModel``: ``config.json`` + ``model.safetensors`` in a local
-folder) as a LanguageModel checkpoint that ``validate``, ``fit --model.init_from`` and the procedures read.
+folder) as a LanguageModel checkpoint that ``validate``, ``fit --model.init_from`` and the procedures read
+(``cli.py import-hf``, lit/interop/import_hf.py).
 
     python cli.py import-hf path/to/gpt2 --out gpt2.ckpt
 
@@ -16,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
-from lit.interop.checkpoint import write_checkpoint
+from lit.errors import UserInputError
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 
@@ -76,17 +76,3 @@ def import_gpt2(folder: str | Path):
     module = LanguageModel(vocab_size=vocab, block_size=block, arch=arch, tie_embeddings=True)
     module.model.load_state_dict(gpt2_state_dict(load_file(weights), arch.n_layers), strict=True)
     return module
-
-
-@one_line_errors
-def main(argv: list[str]) -> int:
-    p = OneLineArgumentParser(prog="cli.py import-hf", description=__doc__.split("\n\n")[0])
-    p.add_argument("folder", help="a local folder with a GPT-2 config.json and model.safetensors")
-    p.add_argument("--out", required=True, help="the checkpoint to write (.ckpt)")
-    a = p.parse_args(argv)
-    module = import_gpt2(a.folder)
-    write_checkpoint(module, a.out)
-    arch = module.hparams.arch
-    print(f"wrote {a.out}: GPT-2 with {arch.n_layers} layers, d_model {arch.d_model}, vocabulary "
-          f"{module.hparams.vocab_size}, context {module.hparams.block_size}")
-    return 0
