@@ -103,8 +103,9 @@ def test_export_refuses_a_plugin_variant(tmp_path, capsys):
     assert exit_info.value.code == 2 and "norm='layernorm'" in err and not (tmp_path / "llama").exists()
 
 
-def llama_folder(tmp_path, name="llama", **overrides):
-    """A tiny LlamaForCausalLM made here (random weights, norm gains drawn around 1), saved with save_pretrained."""
+def llama_folder(tmp_path, name="llama", shard_size=None, **overrides):
+    """A tiny LlamaForCausalLM made here (random weights, norm gains drawn around 1), saved with save_pretrained
+    (in shards of ``shard_size`` with their index, if given)."""
     torch.manual_seed(2)
     settings = dict(vocab_size=89, hidden_size=32, intermediate_size=72, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=4, max_position_embeddings=24, rope_theta=5000.0, rms_norm_eps=1e-5)
@@ -114,17 +115,18 @@ def llama_folder(tmp_path, name="llama", **overrides):
         for p in model.parameters():
             if p.ndim == 1:  # gains (and biases) away from 1 and 0: a swapped or missing one would show
                 p.add_(0.2 * torch.randn_like(p))
-    model.save_pretrained(tmp_path / name)
+    model.save_pretrained(tmp_path / name, **({"max_shard_size": shard_size} if shard_size else {}))
     return tmp_path / name, model
 
 
 @pytest.mark.parametrize("variant", [{}, {"tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True}],
-                         ids=["untied", "tied_biases"])
+                         ids=["untied_sharded", "tied_biases"])
 def test_imported_llama_gives_the_same_logits(tmp_path, variant):
     from lit.commands import main
     from lit.procedures.checkpoint_io import read_trained_lm
 
-    folder, reference = llama_folder(tmp_path, **variant)
+    folder, reference = llama_folder(tmp_path, shard_size=None if variant else "20KB", **variant)
+    assert (folder / "model.safetensors.index.json").is_file() == (not variant)
     main(["import-hf", str(folder), "--out", str(tmp_path / "llama.ckpt")])
     module = read_trained_lm(tmp_path / "llama.ckpt", "test").load().eval()
     arch = module.hparams.arch
