@@ -100,3 +100,17 @@ def test_print_only_prints_the_fresh_study_and_runs_nothing(monkeypatch, capsys)
     assert "python cli.py sweep" in out and "--seed_base=2337" in out
     assert "--tracking_uri=sqlite:///benchmarks/out/reproduction-leads-seed2337.db" in out
     assert "python cli.py compare --experiment=reproduction-leads-seed2337" in out
+
+
+def test_the_fresh_studys_sweep_runs_and_tunes_on_seeds_the_first_did_not():
+    """The sweep's own protocol, built from the preset's arguments as ``cli.py sweep`` builds it (no store read)."""
+    from lit.sweep import command
+
+    def seeds_of(where):
+        a, fit_options = command.parser().parse_known_args(leads.sweep_args(2, where))
+        proto, _, tuning = command.build_protocol(a, fit_options)
+        return set(proto["seeds"]) | {tuning.seed}, proto["sequential"]["looks"]
+
+    first, looks = seeds_of(leads.study())
+    fresh, _ = seeds_of(leads.study(leads.FRESH_SEED_BASE))
+    assert first == set(range(1336, 1349)) and fresh == set(range(2336, 2349)) and looks == list(leads.LOOKS)
