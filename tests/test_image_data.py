@@ -102,10 +102,13 @@ def test_classifier_learns_digits(workdir):
     assert {"train/loss", "train/acc", "val/loss", "val/acc5", "train/images_per_s"} <= set(metrics)
 
 
-def test_a_mid_epoch_resume_with_normalising_and_erasing_on_the_device_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("source", ["folder", "shards"])
+def test_a_mid_epoch_resume_with_normalising_and_erasing_on_the_device_is_bit_identical(tmp_path, source):
     """``normalize_on_device`` erases after the transfer, from the training process's random stream (not the
     sample's seed): a run resumed mid-epoch must draw the same boxes and noise, as the checkpoint's random states
-    promise. Every image is erased (re_prob 1) and mixed, drop-path is on, two workers, repeated augmentation."""
+    promise; from the folder and from its shards (``cli.py prepare-images``). Every image is erased (re_prob 1) and
+    mixed, drop-path is on, repeated augmentation; loaded in the training process, whose random stream the erasing
+    shares (the seeded samples restore it after each load)."""
     import dataclasses
 
     import lightning as L
@@ -118,6 +121,11 @@ def test_a_mid_epoch_resume_with_normalising_and_erasing_on_the_device_is_bit_id
     from tests.conftest import make_image_folder
 
     folder = make_image_folder(tmp_path / "imagenet", per_class=10)  # 18 train images after the minival: 4 steps/epoch
+    if source == "shards":
+        from lit.data.prepare_images import pack
+
+        pack(folder, tmp_path / "shards", shard_bytes=1 << 16, progress_every=0)  # several shards
+        folder = tmp_path / "shards"
 
     def fit(checkpoints, ckpt_path=None) -> None:
         L.seed_everything(0)
