@@ -62,16 +62,16 @@ class _PowerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, pn: PowerNorm):
-        it = int(pn.iters.item())
+        # The warmup tests read the iteration counter where it lives, on the device: both sides of each branch are
+        # computed and torch.where picks, elementwise, the same values the reference's Python `if` picks. No host
+        # read of the counter (a sync per forward on a GPU), no graph break under compile.
+        it = pn.iters.float()  # exact below 2**24 iterations
         count = pn.reduce(torch.full((1,), float(x.shape[0]), device=x.device))
         var = pn.reduce(x.square().sum(dim=0)) / count
-        if it <= pn.warmup_iters:
-            z = x / (var + pn.eps).sqrt()
-        else:
-            z = x / (pn.running_phi + pn.eps).sqrt()
-        if it < pn.warmup_iters:
-            pn.running_phi.copy_(pn.running_phi * (it - 1) / it + var / it)
-        pn.running_phi.copy_(pn.alpha_fwd * pn.running_phi + (1 - pn.alpha_fwd) * var)
+        z = x / (torch.where(pn.iters <= pn.warmup_iters, var, pn.running_phi) + pn.eps).sqrt()
+        # The cumulative average of the warmup, then (always) the EMA: pn.py:67-69.
+        averaged = torch.where(pn.iters < pn.warmup_iters, pn.running_phi * (it - 1) / it + var / it, pn.running_phi)
+        pn.running_phi.copy_(pn.alpha_fwd * averaged + (1 - pn.alpha_fwd) * var)
         ctx.pn, ctx.count = pn, count
         ctx.save_for_backward(z, var, weight)
         return weight * z + bias
@@ -85,7 +85,8 @@ class _PowerFunction(torch.autograd.Function):
         # ``processes``), so the buffer does not depend on the number of processes.
         world = processes() if pn.sync else 1
         approx = g - (1 - pn.alpha_bkw) * world * pn.ema_gz * z
-        pn.ema_gz += pn.reduce((approx * z).sum(dim=0)) / ctx.count / world
+        # add_, not +=: += also sets the module's attribute, a side effect compile cannot keep inside the function.
+        pn.ema_gz.add_(pn.reduce((approx * z).sum(dim=0)) / ctx.count / world)
         gx = approx / torch.sqrt(var + pn.eps)
         return gx, (grad_y * z).sum(dim=0), grad_y.sum(dim=0), None
 

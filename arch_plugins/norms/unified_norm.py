@@ -56,56 +56,59 @@ R_MIN, R_MAX = 1 / 5, 5.0
 
 
 class _UNFunction(torch.autograd.Function):
-    """Forward and approximate backward of UN on (N, C) tokens; buffers are updated in place."""
+    """Forward and approximate backward of UN on (N, C) tokens; buffers are updated in place.
+
+    Every test of the reference's on the iteration counter and the outlier test reads its tensors where they live,
+    on the device: both sides of each branch are computed and ``torch.where`` picks, elementwise, the values the
+    reference's Python ``if`` picks (the same values, bit for bit), and the buffers' slot ``it % window`` is written
+    by ``index_copy_``. No host read (a sync per forward on a GPU), no graph break under compile.
+    """
 
     @staticmethod
     def forward(ctx, x, weight, bias, un: UnifiedNorm):
-        it = int(un.iters.item())
+        it = un.iters  # (1,), already counting this pass
         fp, bp = un.buffer_x2.shape[0], un.buffer_gz.shape[0]
         count = un.reduce(torch.full((1,), float(x.shape[0]), device=x.device))
         x2 = un.reduce(x.square().sum(dim=0)) / count
-        skip = fp <= 1
+        skip = torch.full((1,), fp <= 1, dtype=torch.bool, device=x.device)
+        slot = it % fp
         recorded_var = torch.var(torch.sqrt(un.buffer_x2))  # over the whole buffer, before this batch enters
-        un.buffer_x2[it % fp].copy_(x2)
-        if it >= un.warmup_iters and un.outlier_filtration:
+        un.buffer_x2.index_copy_(0, slot, x2[None])
+        if un.outlier_filtration:
             am = un.buffer_x2.mean(dim=0)
             gm = torch.exp(torch.log(un.buffer_x2).mean(dim=0))
-            if bool(((am - gm) > recorded_var * fp).any()):
-                un.buffer_x2[it % fp].copy_(un.running_var)
-                skip = True
-                un.skip_counter += 1
-        if it <= fp or it < un.warmup_iters or skip:
-            var = x2
-        else:
-            var = torch.exp(torch.log(un.buffer_x2).mean(dim=0))  # geometric mean of the window
+            outlier = (it >= un.warmup_iters) & ((am - gm) > recorded_var * fp).any()
+            un.buffer_x2.index_copy_(0, slot, torch.where(outlier, un.running_var, x2)[None])
+            skip = skip | outlier
+            un.skip_counter.add_(outlier.long())  # not +=, which also sets the attribute (see powernorm.py)
+        geometric = torch.exp(torch.log(un.buffer_x2).mean(dim=0))  # the window's geometric mean
+        var = torch.where((it <= fp) | (it < un.warmup_iters) | skip, x2, geometric)
         r = (var + un.eps).sqrt() / (un.running_var + un.eps).sqrt()
-        if it <= max(un.compensation_start, un.warmup_iters) or skip:
-            r = torch.ones_like(r)
-        else:
-            r = r.clamp(R_MIN, R_MAX)
+        r = torch.where((it <= max(un.compensation_start, un.warmup_iters)) | skip, torch.ones_like(r),
+                        r.clamp(R_MIN, R_MAX))
         z = x / (var + un.eps).sqrt()
         un.running_var.copy_(un.momentum * un.running_var + (1 - un.momentum) * var)
-        ctx.un, ctx.it, ctx.skip, ctx.bp, ctx.count = un, it, skip, bp, count
-        ctx.save_for_backward(z, var, weight, r)
+        # What the backward's branches need, decided now: the counter moves on at the next forward.
+        batch_gz = (it <= bp) | (it < un.warmup_iters) | skip
+        exact = skip | (it < un.warmup_iters) if un.exact_backward_warmup else skip
+        ctx.un, ctx.count = un, count
+        ctx.save_for_backward(z, var, weight, r, it % bp, skip, batch_gz, exact)
         return weight * z + bias
 
     @staticmethod
     def backward(ctx, grad_y):
-        un, it, skip, bp = ctx.un, ctx.it, ctx.skip, ctx.bp
-        z, var, weight, r = ctx.saved_tensors
+        un = ctx.un
+        z, var, weight, r, slot, skip, batch_gz, exact = ctx.saved_tensors
         g = grad_y * weight * r
         # Kept at the whole batch's gradient scale, so the buffers do not depend on the number of processes; a
         # process's own gradients are `world` times that (see ``processes``).
         world = processes() if un.sync else 1
         gz = un.reduce((g * z).sum(dim=0)) / ctx.count / world
-        un.buffer_gz[it % bp].copy_(un.ema_gz if skip else gz)
-        if it <= bp or it < un.warmup_iters or skip:
-            mean_gz = gz
-        else:
-            mean_gz = un.buffer_gz.mean(dim=0)
+        un.buffer_gz.index_copy_(0, slot, torch.where(skip, un.ema_gz, gz)[None])
+        mean_gz = torch.where(batch_gz, gz, un.buffer_gz.mean(dim=0))
         un.ema_gz.copy_(un.ema_gz * un.momentum + (1 - un.momentum) * mean_gz)
-        exact = skip or (un.exact_backward_warmup and it < un.warmup_iters)  # mean_gz is the batch's gz then
-        approx = g - world * (mean_gz if exact else un.ema_gz) * z
+        # Where `exact`, mean_gz is the batch's gz (skip, or the warmup under exact_backward_warmup).
+        approx = g - world * torch.where(exact, mean_gz, un.ema_gz) * z
         gx = approx / torch.sqrt(var + un.eps)
         return gx, (grad_y * r * z).sum(dim=0), grad_y.sum(dim=0), None
 
