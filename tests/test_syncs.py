@@ -106,7 +106,8 @@ def test_no_sync_or_collective_on_a_step_that_logs_nothing_with_two_processes(tm
 
 @pytest.mark.slow  # one fit per recipe
 @pytest.mark.parametrize("recipe", ["gpt_ngpt", "gpt_muon", "gpt_prepbn", "gpt_bhyt", "gpt_tokenformer",
-                                    "gpt_hyperconn", "gpt_laurel_pa", "gpt_mup", "vit_digits", "vit_ngpt"])
+                                    "gpt_hyperconn", "gpt_laurel_pa", "gpt_mup", "vit_digits", "vit_ngpt", "gpt_un",
+                                    "gpt_powernorm", "vit_un"])
 def test_no_sync_on_a_step_that_logs_nothing_in_recipes_with_callbacks_or_optimizers_of_their_own(workdir, recipe):
     # Renormalisation (nGPT), Muon, progress hooks (PRepBN, BHyT), muP groups, the image task's metrics.
     out = workdir / "syncs.json"
@@ -120,3 +121,41 @@ def test_no_sync_on_a_step_that_logs_nothing_in_recipes_with_callbacks_or_optimi
     noisy = {e["step"] for e in events if (e["step"] + 1) % 5 and e["step"] % DIAG_EVERY and e["step"] != 11}
     assert not noisy, [e for e in events if e["step"] in noisy]
     assert any((e["step"] + 1) % 5 == 0 for e in events)
+
+
+@pytest.mark.parametrize("norm, options", [
+    ("un", {"window_size": 2, "warmup_iters": 2, "compensation_start": 2, "outlier_filtration": True}),
+    ("powernorm", {"warmup_iters": 2, "final_warmup_iters": 1}),
+], ids=["un", "powernorm"])
+def test_no_sync_in_a_training_step_of_the_batch_statistic_norms(tmp_path, norm, options):
+    # UN and PowerNorm keep an iteration counter and branch on it (warmup, windows, gradient compensation, UN's outlier
+    # test): decided on the device, the step reads nothing back. The counter's rules (``sync_counter``) on the model
+    # step alone, no fit: four steps cross every boundary of the options above, and no step logs.
+    import torch
+    import torch.nn.functional as F
+
+    from lit.models import GPT, TransformerConfig
+    from tests.sync_counter import CountSyncs, _Tracker
+
+    torch.manual_seed(0)
+    model = GPT(50, 16, TransformerConfig(d_model=16, n_layers=1, n_heads=2, norm=norm, norm_options=options))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    counter = CountSyncs(str(tmp_path / "syncs.json"))
+    for t in [*model.parameters(), *model.buffers()]:
+        counter.mark(t)
+    data = torch.Generator().manual_seed(0)
+    counter._install()
+    try:
+        with _Tracker(counter):
+            for step in range(4):
+                counter._step = step
+                x = torch.randint(0, 50, (2, 16), generator=data)
+                counter.mark(x)
+                F.cross_entropy(model(x).flatten(0, 1), x.roll(-1, 1).flatten()).backward()
+                counter._mark_grads(model)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    finally:
+        counter._uninstall()
+    assert counter.events == []
+    assert all(int(b) == 4 for name, b in model.named_buffers() if name.endswith("iters"))  # four steps ran
