@@ -136,6 +136,13 @@ def test_bad_input_is_one_error_line_and_loses_nothing(folder, shards, tmp_path,
     code, err = run(["prepare-images", str(bad), "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and len(err) == 1 and "holds no image" in err[0]
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["mine.txt"]
+    # A shard directory copied in part is named as such before any worker reads from it.
+    import shutil
+
+    partial = shutil.copytree(shards, tmp_path / "partial")
+    (partial / read_meta(partial)["splits"]["val"]["shards"][-1]["file"]).unlink()
+    with pytest.raises(UserInputError, match="lacks val-0000"):
+        datamodule(partial).setup("fit")
     # Token shards are not image shards.
     (tmp_path / "tokens").mkdir()
     (tmp_path / "tokens" / "meta.json").write_text('{"format": "llm.c"}')

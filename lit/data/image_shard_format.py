@@ -169,6 +169,12 @@ def read_meta(path: Path) -> dict:
 def read_index(path: Path, meta: dict, split: str) -> np.ndarray:
     """The split's index rows, mapped from the file (shared between processes through the page cache)."""
     file = path / meta["splits"][split]["index"]
+    missing = [f.name for f in (file, *(path / shard["file"] for shard in meta["splits"][split]["shards"]))
+               if not f.is_file()]
+    if missing:
+        raise UserInputError(f"{path} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}, which its "
+                             "meta.json lists; copy the whole shard directory, or prepare it again with "
+                             "`python cli.py prepare-images`")
     rows = np.memmap(file, dtype=INDEX_DTYPE, mode="r") if file.stat().st_size else np.zeros(0, INDEX_DTYPE)
     if len(rows) != meta["splits"][split]["images"]:
         raise UserInputError(f"{file} indexes {len(rows)} images but meta.json says {meta['splits'][split]['images']};"
