@@ -116,3 +116,13 @@ def test_training_mode_falls_back_with_its_reason():
     model = GPT(29, 10, TransformerConfig(d_model=32, n_heads=4, n_layers=2)).train()
     with pytest.warns(UserWarning, match="training mode"):
         model.generate(torch.zeros(1, 3, dtype=torch.long), 2, temperature=0)
+
+
+def test_generate_runs_one_new_token_per_step_while_the_context_fits():
+    torch.manual_seed(0)
+    model = GPT(29, 10, TransformerConfig(d_model=32, n_heads=4, n_layers=2)).eval()
+    lengths = []
+    model.stack.register_forward_pre_hook(lambda module, args: lengths.append(args[0].shape[1]))
+    model.generate(torch.zeros(1, 4, dtype=torch.long), 9, temperature=0)
+    # The prompt once, one token per step up to block_size (10), then the sliding window recomputed.
+    assert lengths == [4, 1, 1, 1, 1, 1, 1, 10, 10]
