@@ -126,3 +126,12 @@ def test_generate_runs_one_new_token_per_step_while_the_context_fits():
     model.generate(torch.zeros(1, 4, dtype=torch.long), 9, temperature=0)
     # The prompt once, one token per step up to block_size (10), then the sliding window recomputed.
     assert lengths == [4, 1, 1, 1, 1, 1, 1, 10, 10]
+
+
+def test_sampling_draws_the_same_tokens_with_and_without_the_cache():
+    torch.manual_seed(0)
+    model = perturbed(GPT(29, 16, TransformerConfig(d_model=32, n_heads=4, n_layers=2)))
+    prompt = torch.randint(0, 29, (3, 4), generator=torch.Generator().manual_seed(3))
+    drawn = [model.generate(prompt, 10, temperature=0.8, top_k=5, generator=torch.Generator().manual_seed(4),
+                            use_cache=use_cache) for use_cache in (True, False)]
+    assert torch.equal(*drawn)
