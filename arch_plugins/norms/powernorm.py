@@ -69,7 +69,9 @@ class _PowerFunction(torch.autograd.Function):
         count = pn.reduce(torch.full((1,), float(x.shape[0]), device=x.device))
         var = pn.reduce(x.square().sum(dim=0)) / count
         z = x / (torch.where(pn.iters <= pn.warmup_iters, var, pn.running_phi) + pn.eps).sqrt()
-        # The cumulative average of the warmup, then (always) the EMA: pn.py:67-69.
+        # The cumulative average of the warmup, then (always) the EMA: pn.py:67-69. Divided by the counter as a
+        # tensor: the same numbers on a CPU; on CUDA the host-int division it replaces was a multiplication by the
+        # reciprocal (ATen's kernel for a host scalar), so the warmup average may differ there in the last bit.
         averaged = torch.where(pn.iters < pn.warmup_iters, pn.running_phi * (it - 1) / it + var / it, pn.running_phi)
         pn.running_phi.copy_(pn.alpha_fwd * averaged + (1 - pn.alpha_fwd) * var)
         ctx.pn, ctx.count = pn, count
