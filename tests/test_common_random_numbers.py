@@ -320,3 +320,22 @@ def test_a_forward_hands_the_global_stream_back_where_it_was():
     expected = torch.random.get_rng_state()
     model(torch.zeros(2, 16, dtype=torch.long)).sum().backward()
     assert torch.equal(torch.random.get_rng_state(), expected) and streams._callers == []
+
+
+def test_recomputation_under_activation_checkpointing_draws_the_same_masks():
+    # Checkpointed blocks rerun their forward in backward, hooks included: every mask (attention, residual dropout,
+    # drop-path) must come out the same, so the gradients equal those of the run that kept its activations.
+    from lit.parallel import checkpoint_blocks
+
+    grads = []
+    for recompute in (False, True):
+        model = built(gpt(dropout=0.2, drop_path=0.2), BY_NAME)
+        if recompute:
+            checkpoint_blocks(model)
+        streams = RuntimeStreams(model, SEED)
+        model.train()
+        streams.start_batch(0)
+        model(torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))).square().mean().backward()
+        grads.append([p.grad for p in model.parameters()])
+        assert streams._callers == []
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
