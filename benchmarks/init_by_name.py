@@ -1,8 +1,9 @@
 """What ``--model.random_numbers by_name`` costs a training step, against ``construction_order``.
 
-The two rules build the same architecture; ``by_name`` also installs ``RuntimeStreams`` (a forward pre-hook on
-every module that reseeds the generator from the module's path and the batch, ``lit/common_random_numbers.py``)
-and keys each batch. That per-call hook is the only difference a training step sees, so the two step times
+The two rules build the same architecture; ``by_name`` also installs ``RuntimeStreams`` (on every module that may
+draw, a forward pre-hook that reseeds the generator from the module's path and the batch and a forward hook that
+hands the caller's stream back, ``lit/common_random_numbers.py``) and keys each batch. Those per-call hooks are the
+only difference a training step sees, so the two step times
 should agree: the goal is at most 2% apart.
 
 Two sizes: ``micro`` (2 layers, d 32, 4 x 32 tokens: a step is a few ms, so a per-module cost shows most) and
