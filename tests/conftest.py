@@ -13,6 +13,36 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The default run is spread over 2 pytest-xdist workers (pyproject.toml's addopts), one file per worker at a time.
+# Each worker computes on one thread, as the CLI processes the tests start already do (subprocess_env): two
+# workers of two threads each on 2 cores only contend. Set before any test module imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Files that take a minute or more of a 2-core machine (measured with the whole default run, 2026-11-27). xdist
+# hands out the files with the most tests first; these go before them, so that the last file a worker runs is a
+# short one and neither worker waits alone at the end (a file holding 2-process tests ran alone for 100 s).
+LONGEST_FIRST = ("test_sweep.py", "test_overlays.py", "test_resume.py", "test_coord_check.py",
+                 "test_tracking_distributed.py", "test_recipes.py", "test_sharded_checkpoints.py",
+                 "test_distributed.py", "test_every_plugin.py", "test_diagnostics.py", "test_tracking_faults.py",
+                 "test_tracking.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node):
+            if not getattr(self, "_reordered", False):
+                rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+                files = sorted(self.workqueue, key=lambda f: rank.get(Path(f).name, len(rank)))
+                self.workqueue.update((f, self.workqueue.pop(f)) for f in files)
+                self._reordered = True
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -23,7 +23,7 @@ STACK = StackInfo(d_model=8, num_layers=1, num_heads=2, mlp_hidden=16, causal=Tr
 
 def test_kernels_equal_the_eager_paths_in_the_triton_interpreter():
     pytest.importorskip("triton")
-    out = subprocess.run([sys.executable, "-m", "pytest", "tests/kernels_interpreted.py", "-q", "-p",
+    out = subprocess.run([sys.executable, "-m", "pytest", "tests/kernels_interpreted.py", "-q", "-n", "0", "-p",
                           "no:cacheprovider"], capture_output=True, text=True, cwd=REPO, timeout=600,
                          env=subprocess_env(TRITON_INTERPRET="1"))
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]

@@ -73,6 +73,9 @@ def run_two_processes(args: list[str], cwd: Path) -> subprocess.CompletedProcess
     return proc
 
 
+# The same 2-process FSDP2 fit runs by default through Lightning's launcher (test_fsdp2 below); the torchrun launch
+# as 2 "nodes" takes about a minute of the default run, so it is in the slow tier.
+@pytest.mark.slow
 def test_two_nodes_launched_with_torchrun(tmp_path):
     """The multi-node command of docs/scaling.md, as 2 "nodes" of 1 CPU process each on this machine, sharing one folder
     (a shared filesystem: one MLflow store, one checkpoint directory)."""
@@ -105,10 +108,11 @@ def test_ddp(name, tmp_path):
     assert checkpoint["global_step"] == 2
 
 
-# The default run keeps the unit-norm case and the broadest overlay (bf16 + activation checkpointing); FSDP2's
-# equality with one process is checked in test_distributed.py and test_sharded_checkpoints.py.
+# The default run keeps the broadest overlay (bf16 + activation checkpointing); FSDP2's equality with one process,
+# and nGPT's renormalisation on the shards (gathered weights on the sphere), are checked in test_distributed.py and
+# test_sharded_checkpoints.py, so this file's unit-norm run is in the slow tier.
 @pytest.mark.parametrize("name, extra", [
-    ("gpt_ngpt", []),
+    pytest.param("gpt_ngpt", [], marks=pytest.mark.slow),
     pytest.param("vit_ngpt_pattention", [], marks=pytest.mark.slow),
     pytest.param("gpt_laurel_rw_lr_pa", ["activation_checkpointing"], marks=pytest.mark.slow),
     ("gpt_tokenformer", ["bf16", "activation_checkpointing"]),
