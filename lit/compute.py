@@ -18,6 +18,7 @@ applied per token), against which the counted value of the baseline is checked.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -46,22 +47,38 @@ CUSTOM_FLOPS = {} if _CPU_SDPA is None or _CPU_SDPA in flop_registry else {_CPU_
 def _forward_flops(model: nn.Module, example: torch.Tensor) -> int:
     """The FLOPs of one forward pass of ``example`` (batch of one), with no side effect on the model.
 
-    The forward runs on a copy of the model whose parameters and buffers are fake tensors (shapes and dtypes,
-    no storage): nothing is computed but each operator's output shape, which is all a FLOP count needs, and
+    The forward runs on a copy of the model whose parameters and buffers are on the meta device (shapes and
+    dtypes, no storage): nothing is computed but each operator's output shape, which is all a FLOP count needs, and
     whatever the forward changes (a module's cached statistic, BHyT's "refresh at the first forward") changes the
     copy, not the model. Eval mode keeps batch-statistics norms from updating, and the random state is restored.
+    Meta tensors first, FakeTensorMode where an operator has no meta kernel (mHC's): entering FakeTensorMode starts
+    autograd's device threads, after which a process forked from this one cannot run a backward pass (the
+    conformance kit's 2-process check forks its ranks).
     """
     cpu_rng = torch.get_rng_state()
-    fake = FakeTensorMode(allow_non_fake_inputs=True)  # small tensors kept in plain attributes stay real
-    memo = {id(t): fake.from_tensor(t) for t in (*model.parameters(), *model.buffers())}
-    shadow = copy.deepcopy(model, memo)
-    shadow.eval()
     try:
-        with torch.no_grad(), fake, FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter:
-            shadow(fake.from_tensor(example))
+        return _count(model, example, memo={id(t): _on_meta(t) for t in (*model.parameters(), *model.buffers())},
+                      mode=contextlib.nullcontext(), device="meta")
+    except (NotImplementedError, RuntimeError):
+        fake = FakeTensorMode(allow_non_fake_inputs=True)  # small tensors kept in plain attributes stay real
+        return _count(model, example, memo={id(t): fake.from_tensor(t) for t in (*model.parameters(),
+                                                                                 *model.buffers())},
+                      mode=fake, device=None)
     finally:
         torch.set_rng_state(cpu_rng)
+
+
+def _count(model: nn.Module, example: torch.Tensor, memo: dict, mode, device: str | None) -> int:
+    shadow = copy.deepcopy(model, memo)
+    shadow.eval()
+    with torch.no_grad(), mode, FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter:
+        shadow(example.to(device) if device else mode.from_tensor(example))
     return counter.get_total_flops()
+
+
+def _on_meta(t: torch.Tensor) -> torch.Tensor:
+    meta = torch.empty_like(t, device="meta")
+    return nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
 
 
 def _device(model: nn.Module) -> torch.device:

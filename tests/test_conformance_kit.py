@@ -189,6 +189,17 @@ def test_distributed_bhyt_refresh_agrees_across_ranks(gpt_only):
     assert outcome("norm", "bhyt", "distributed", gpt_only, options={"refresh_every": 1}) == ("pass", "")
 
 
+def test_the_distributed_check_runs_after_a_flop_count_in_the_same_process(gpt_only):
+    # Every fit counts its FLOPs; counting under FakeTensorMode started autograd's device threads, and the ranks this
+    # check forks then failed their backward pass ("autograd's threading in combination with fork").
+    from lit.compute import gpt_flops_per_token
+    from lit.models.gpt import GPT
+    from lit.models.transformer import TransformerConfig
+
+    gpt_flops_per_token(GPT(vocab_size=11, block_size=8, arch=TransformerConfig(d_model=16, n_layers=1, n_heads=2)))
+    assert outcome("norm", "bhyt", "distributed", gpt_only, options={"refresh_every": 1}) == ("pass", "")
+
+
 def test_a_stateless_plugin_skips_the_distributed_check_under_pytest(gpt_only):
     (case,) = conformance_cases("norm", "rmsnorm", checks=["distributed"], stacks=gpt_only, size=SMALL)
     with pytest.raises(pytest.skip.Exception, match="keeps no state outside its parameters"):
