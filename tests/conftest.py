@@ -70,6 +70,21 @@ def cli_in(cwd: Path, timeout: int = 900):
     return cli
 
 
+def assert_same_weights_and_ema(expected_checkpoint: Path, resumed_checkpoint: Path) -> dict:
+    """Two checkpoints hold bitwise the same weights and the same EMA weights (an exact resume of an EMA run);
+    returns the expected one, loaded."""
+    import torch
+
+    from lit.init_from import load_weights_only
+
+    expected, resumed = load_weights_only(expected_checkpoint), load_weights_only(resumed_checkpoint)
+    for key in ("state_dict", "ema_state_dict"):
+        assert expected[key].keys() == resumed[key].keys()
+        for name, tensor in expected[key].items():
+            assert torch.equal(resumed[key][name], tensor), (key, name)
+    return expected
+
+
 def fake_sweep_inputs(monkeypatch) -> None:
     """For sweeps whose training a test fakes: no variant is built before the runs, and the sweep's identity is
     fixed (the code's commit is part of it, and others commit while a test runs, which is not under test)."""

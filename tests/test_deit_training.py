@@ -20,9 +20,8 @@ from lit.data.imagenet import MINIVAL_SEED, minival_split
 from lit.diagnostics import DiagnosticsConfig
 from lit.errors import UserInputError
 from lit.image_classifier import ImageClassifier
-from lit.init_from import load_weights_only
 from lit.models.vit import VIT_ARCH
-from tests.conftest import REPO, TINY_VIT, make_image_folder, subprocess_env
+from tests.conftest import REPO, TINY_VIT, assert_same_weights_and_ema, make_image_folder, subprocess_env
 
 
 @pytest.fixture(scope="module")
@@ -120,12 +119,7 @@ def test_a_mid_epoch_resume_with_repeated_augmentation_and_ema_is_bit_identical(
     assert module.hparams.lr * 4 / 512 == pytest.approx(module.optimizers().param_groups[0]["initial_lr"])
     assert module.resolved_lr_and_warmup() == (pytest.approx(2e-3 * 4 / 512), 4, 4)  # warmup: one epoch of 4 steps
     fit(folder, tmp_path / "resumed", ckpt_path=str(tmp_path / "whole" / "step=5.ckpt"), **DEIT_OPTIONS)
-    expected = load_weights_only(tmp_path / "whole" / "step=6.ckpt")
-    resumed = load_weights_only(tmp_path / "resumed" / "step=6.ckpt")
-    for key in ("state_dict", "ema_state_dict"):
-        assert expected[key].keys() == resumed[key].keys()
-        for name, tensor in expected[key].items():
-            assert torch.equal(resumed[key][name], tensor), (key, name)
+    expected = assert_same_weights_and_ema(tmp_path / "whole" / "step=6.ckpt", tmp_path / "resumed" / "step=6.ckpt")
     # The EMA is an average, not the weights: the test above compares two different things.
     raw = expected["state_dict"]["model.head.weight"]
     assert not torch.equal(expected["ema_state_dict"]["module.head.weight"], raw)

@@ -9,7 +9,7 @@ from lit.cli import main
 from lit.data.digits import DigitsDataModule
 from lit.data.imagenet import ImageFolderDataModule
 from lit.errors import UserInputError
-from tests.conftest import REPO, TINY_VIT
+from tests.conftest import REPO, TINY_VIT, assert_same_weights_and_ema
 
 
 def test_digits_are_real_and_split_deterministically():
@@ -116,7 +116,6 @@ def test_a_mid_epoch_resume_with_normalising_and_erasing_on_the_device_is_bit_id
 
     from lit.diagnostics import DiagnosticsConfig
     from lit.image_classifier import ImageClassifier
-    from lit.init_from import load_weights_only
     from lit.models.vit import VIT_ARCH
     from tests.conftest import make_image_folder
 
@@ -142,9 +141,4 @@ def test_a_mid_epoch_resume_with_normalising_and_erasing_on_the_device_is_bit_id
 
     fit(tmp_path / "whole")
     fit(tmp_path / "resumed", ckpt_path=str(tmp_path / "whole" / "step=5.ckpt"))  # one batch into epoch 2
-    expected = load_weights_only(tmp_path / "whole" / "step=6.ckpt")
-    resumed = load_weights_only(tmp_path / "resumed" / "step=6.ckpt")
-    for key in ("state_dict", "ema_state_dict"):
-        assert expected[key].keys() == resumed[key].keys()
-        for name, tensor in expected[key].items():
-            assert torch.equal(resumed[key][name], tensor), (key, name)
+    assert_same_weights_and_ema(tmp_path / "whole" / "step=6.ckpt", tmp_path / "resumed" / "step=6.ckpt")
