@@ -56,8 +56,8 @@ def is_oom(exc: BaseException) -> bool:
 def error_text(exc: BaseException) -> str:
     """One line for the report, the traceback's last frames for whoever reads the JSON."""
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    tail = "".join(frames[-4:]).strip()
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}\n{tail}"[:4000]
+    tail = "".join(frames[-12:]).strip()
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}\n{tail}"[:8000]
 
 
 @contextlib.contextmanager

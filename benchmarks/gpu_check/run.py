@@ -182,10 +182,15 @@ def main(argv: list[str] | None = None, start: float | None = None,
     functions = stage_functions()
     print(f"gpu_check on {name}{' (dry run: CPU, tiny shapes, aot_eager)' if args.dry else ''}: stages "
           f"{''.join(letters)}, budget {args.budget_s:.0f} s, {budget.left():.0f} s left after start-up", flush=True)
+    lost_after = None  # the stage after which the CUDA context was lost (an illegal access is sticky)
     for letter in letters:
         stage_clock = budget.open(letter)
         entry: dict = {"allotted_s": stage_clock.allotted_s, "out": {}}
         result["stages"][letter] = entry
+        if lost_after is not None:
+            entry["status"] = f"not run: the CUDA context was lost in stage {lost_after}"
+            print(f"[{letter}] {entry['status']}", flush=True)
+            continue
         if stage_clock.allotted_s < (0.0 if args.dry else MINIMUM_S[letter]) or stage_clock.left() <= 0:
             entry["status"] = SKIPPED
             print(f"[{letter}] {SKIPPED} ({stage_clock.allotted_s:.0f} s allotted)", flush=True)
@@ -209,7 +214,12 @@ def main(argv: list[str] | None = None, start: float | None = None,
             entry["cpu_s"] = time.process_time() - cpu0  # the host's CPU seconds (all threads)
             if stage_clock.left() < 0:
                 entry["overran_s"] = -stage_clock.left()  # an estimate was short: later stages get less
-            measure.free_memory(device)
+            try:
+                measure.free_memory(device)
+            except RuntimeError as exc:  # a sticky CUDA error: nothing later can run in this process
+                lost_after = letter
+                entry["status"] = "failed"
+                entry.setdefault("error", measure.error_text(exc))
         print(f"[{letter}] {entry['status']} in {entry['wall_s']:.1f} s", flush=True)
     watchdog.cancel()
     result["wall_s"] = clock() - started
