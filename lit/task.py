@@ -15,6 +15,8 @@ import math
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from arch_plugins.declarations import has_progress_hooks
 from lit.callbacks import (
@@ -219,6 +221,21 @@ class ArchitectureTask(L.LightningModule):
                          lr=hp.lr, weight_decay=hp.weight_decay, betas=hp.betas, warmup_steps=hp.warmup_steps,
                          min_lr_ratio=hp.min_lr_ratio, schedule=hp.get("schedule", "cosine"),
                          schedule_options=hp.get("schedule_options"), total_steps=self._schedule_total_steps)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        plugin = self.trainer.precision_plugin
+        if ((gradient_clip_val or 0) > 0 and isinstance(plugin, MixedPrecision) and plugin.scaler is None
+                and getattr(optimizer, "_step_supports_amp_scaling", False)):
+            # Lightning refuses to clip for an optimizer that unscales by itself (the fused AdamW) under any
+            # autocast, but only fp16 has a scaler: under bf16 the gradients are already true, so clipping them
+            # is right, and refusing made every bf16-mixed run on a GPU (fused by default there) with clipping
+            # fail at its first step. fp16 keeps the refusal (configure_optimizers picks the foreach step).
+            if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
+                plugin.clip_grad_by_value(optimizer, gradient_clip_val)
+            else:
+                plugin.clip_grad_by_norm(optimizer, gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def build_model(self, factory, random_numbers: str) -> torch.nn.Module:
         """``factory()`` under the run's rule for random numbers (``lit/common_random_numbers.py``): by

@@ -372,16 +372,29 @@ def raw_loop(ctx, clock) -> dict:
             return loss.detach()
 
         contenders.append(measure.Contender(f"eager {tag}", eager, shape.tokens, {"amp": amp}))
-        if device.type == "cuda":
-            contenders.append(graph_contender(shape, cfg, x, y, device, amp, tag))
+    rows = timed_rows(contenders, device, dry, clock)
+    if device.type != "cuda":
+        rows["cuda graph"] = {"status": "skipped: needs CUDA"}
+        return {"shape": vars(shape) | {"tokens": shape.tokens}, "contenders": rows}
+    # The captured graphs are timed after the eager loop's rows are kept: on the first H200 check a replay hit an
+    # illegal memory access, which is sticky (every later CUDA call in the process fails), and took the eager rows
+    # with it. Their ratio to eager then comes from consecutive, not interleaved, rounds.
+    out = {"shape": vars(shape) | {"tokens": shape.tokens}, "contenders": rows}
+    graphs = [graph_contender(shape, cfg, x.clone(), y.clone(), device, amp, "bf16" if amp else "fp32")
+              for amp in (False, True)]
+    try:
+        rows.update(timed_rows(graphs, device, dry, clock))
+    except Exception as exc:
+        rows["cuda graph"] = {"status": "failed", "error": measure.error_text(exc)}
+    return out
+
+
+def timed_rows(contenders: list[measure.Contender], device, dry: bool, clock) -> dict:
     for c in contenders:
         if c.alive:
             measure.warm_up(c, device, 2 if dry else 5, 0)
     measure.interleaved_rounds(contenders, device, rounds=2 if dry else 3, steps=2 if dry else 20, fits=clock.fits)
-    rows = {c.name: measure.summary(c, None, {}) for c in contenders}
-    if device.type != "cuda":
-        rows["cuda graph"] = {"status": "skipped: needs CUDA"}
-    return {"shape": vars(shape) | {"tokens": shape.tokens}, "contenders": rows}
+    return {c.name: measure.summary(c, None, {}) for c in contenders}
 
 
 def graph_contender(shape, cfg, x, y, device, amp: bool, tag: str) -> measure.Contender:
