@@ -36,8 +36,11 @@ def test_auto_follows_the_measured_table():
     assert not dispatch.auto_picks_triton("pattention_theta", "NVIDIA H100 80GB HBM3", table, 1.05)  # within noise
     assert not dispatch.auto_picks_triton("qk_normalize", "NVIDIA H100 80GB HBM3", table, 1.05)  # not measured
     assert not dispatch.auto_picks_triton("ngpt_stream_update", "NVIDIA A100-SXM4-80GB", table, 1.05)
-    # As shipped nothing is measured, so auto is torch everywhere.
-    assert dispatch.measured.MEASURED_SPEEDUPS == {}
+    assert dispatch.auto_may_pick_triton(table, 1.05)
+    assert not dispatch.auto_may_pick_triton({"NVIDIA H200": {"qk_normalize": 0.57}}, 1.05)
+    # As shipped, each kernel measured (an H200) is slower than torch, so auto is torch everywhere.
+    assert not dispatch.auto_may_pick_triton()
+    assert all(s < 1 for s in dispatch.measured.MEASURED_SPEEDUPS["NVIDIA H200"].values())
     device = "cuda" if torch.cuda.is_available() else "cpu"
     assert not any(dispatch.use_triton("auto", op, torch.ones(2, 4, device=device)) for op in dispatch.OPS)
 

@@ -59,7 +59,7 @@ def check_kernel(kernel: str) -> str:
     if kernel == "triton" and triton_import_error() is not None:
         raise ValueError(f"kernel: triton needs the triton package, which does not import here "
                          f"({triton_import_error()}); install triton (Linux) or use kernel: auto")
-    if kernel == "triton" or (kernel == "auto" and measured.MEASURED_SPEEDUPS and triton_import_error() is None):
+    if kernel == "triton" or (kernel == "auto" and auto_may_pick_triton() and triton_import_error() is None):
         register_ops()
     return kernel
 
@@ -79,6 +79,13 @@ def register_ops() -> None:
 def interpreting() -> bool:
     """Whether Triton's interpreter is on (TRITON_INTERPRET, read now: kernels are built per mode)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def auto_may_pick_triton(table: dict[str, dict[str, float]] | None = None, min_speedup: float | None = None) -> bool:
+    """Whether ``auto`` picks a kernel on any GPU measured (if not, the ops are never registered for it)."""
+    table = measured.MEASURED_SPEEDUPS if table is None else table
+    min_speedup = measured.AUTO_MIN_SPEEDUP if min_speedup is None else min_speedup
+    return any(speedup >= min_speedup for ops in table.values() for speedup in ops.values())
 
 
 def auto_picks_triton(op: str, device_name: str, table: dict[str, dict[str, float]] | None = None,
@@ -108,7 +115,7 @@ def use_triton(kernel: str, op: str, x: torch.Tensor) -> bool:
             raise PluginError(f"kernel: triton runs on CUDA tensors, but {op} got one on {x.device}; use kernel: "
                               f"auto (torch off CUDA), or TRITON_INTERPRET=1 for Triton's slow CPU interpreter")
         return True
-    if not measured.MEASURED_SPEEDUPS or not x.is_cuda or triton_import_error() is not None:
+    if not auto_may_pick_triton() or not x.is_cuda or triton_import_error() is not None:
         return False  # auto, in every case nothing was measured for
     return auto_picks_triton(op, _cuda_device_name(x.device.index if x.device.index is not None else 0))
 

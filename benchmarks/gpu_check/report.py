@@ -84,6 +84,12 @@ def _calibration(a: dict) -> list[str]:
     return lines + _table(["peak", "measured", "spec sheet", "measured / spec"], rows)
 
 
+def _status(row: dict) -> str:
+    """A row's status, with the first line of its error where it failed."""
+    error = (row.get("error") or "").strip()
+    return str(row.get("status", "?")) + (f" ({error.splitlines()[0][:160]})" if error else "")
+
+
 def _real_path(b: dict) -> list[str]:
     lines = []
     rows = []
@@ -117,7 +123,7 @@ def _real_path(b: dict) -> list[str]:
     if raw.get("contenders"):
         lines += ["", "Raw loop, same model and batch:", ""]
         lines += _table(["contender", "status", "step ms median [p20-p80]", "tokens/s", "host-bound"],
-                        [[name, r.get("status"), _ms(r.get("step_s")), _f(r.get("tokens_per_s"), "{:,.0f}"),
+                        [[name, _status(r), _ms(r.get("step_s")), _f(r.get("tokens_per_s"), "{:,.0f}"),
                           _f(r.get("host_bound"))] for name, r in raw["contenders"].items()])
     elif raw:
         lines += ["", f"Raw loop: {raw.get('status')}"]
@@ -211,6 +217,9 @@ def results(result: dict) -> str:
              f"`{result.get('command', COMMAND)}` on {result.get('date')} (commit {result.get('commit')}); "
              f"budget {result.get('budget_s')} s, wall {_f(result.get('wall_s'), '{:.0f}')} s."
              + (" **Dry run: CPU, tiny shapes; no figure here means anything.**" if result.get("dry") else "")]
+    # Notes a person adds to the JSON (how the run was made, what it found); rendered, never computed.
+    if result.get("notes"):
+        lines += [""] + [f"- {note}" for note in result["notes"]]
     for letter, title, _ in STAGES:
         stage = result.get("stages", {}).get(letter, {"status": "not run"})
         lines += ["", f"### {letter}. {title}", "",
@@ -218,7 +227,8 @@ def results(result: dict) -> str:
                   f"{_f(stage.get('allotted_s'), '{:.0f}')} s allotted.", ""]
         if stage.get("error"):
             lines += ["```", stage["error"].strip()[:1500], "```"]
-        if stage.get("status") in ("ran", "killed: budget") and "out" in stage:
+        # A failed stage still shows what it measured before it failed (the CUDA context can be lost late).
+        if stage.get("status") in ("ran", "killed: budget", "failed") and stage.get("out"):
             try:
                 lines += RENDERERS[letter](stage["out"])
             except Exception as exc:  # a renderer bug must not lose the JSON's figures: say so and go on
