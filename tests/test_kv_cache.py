@@ -135,3 +135,71 @@ def test_sampling_draws_the_same_tokens_with_and_without_the_cache():
     drawn = [model.generate(prompt, 10, temperature=0.8, top_k=5, generator=torch.Generator().manual_seed(4),
                             use_cache=use_cache) for use_cache in (True, False)]
     assert torch.equal(*drawn)
+
+
+# --- left-padded batches: prompts of different lengths decoded together ---------------------------------------
+
+def padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts left-padded into one batch (padding id 0) and each row's padding count."""
+    width = max(len(p) for p in prompts)
+    idx = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        idx[row, width - len(p):] = p
+    return idx, torch.tensor([width - len(p) for p in prompts])
+
+
+def assert_padded_batch_matches(model: GPT, vocab: int):
+    """Each row of a left-padded batch gets the logits and the greedy tokens it gets decoded alone."""
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, vocab, (n,), generator=g) for n in (5, 2, 4)]
+    idx, pad = padded(prompts)
+    new = model.block_size - idx.shape[1]
+    with torch.no_grad():
+        cache = model.stack.new_cache(pad)
+        batch_logits = model(idx, cache=cache)
+        assert torch.isfinite(batch_logits).all()  # padding slots included: none is an all-masked NaN row
+        step = torch.randint(1, vocab, (len(prompts), 1), generator=g)
+        batch_next = model(step, cache=cache)[:, -1]
+        batch_tokens = model.generate(idx, new, temperature=0, pad=pad)[:, idx.shape[1]:]
+    for row, p in enumerate(prompts):
+        with torch.no_grad():
+            alone = model(torch.cat([p, step[row]])[None])
+            tokens = model.generate(p[None], new, temperature=0)[0, len(p):]
+        assert (batch_logits[row, pad[row]:] - alone[0, :-1]).abs().max().item() < 1e-5
+        assert (batch_next[row] - alone[0, -1]).abs().max().item() < 1e-5
+        assert torch.equal(batch_tokens[row], tokens)
+
+
+@pytest.mark.parametrize("kind,name", CASES, ids=[f"{k}-{n}" for k, n in CASES])
+def test_a_left_padded_batch_decodes_each_row_as_alone(kind, name):
+    assert_padded_batch_matches(registered_gpt(kind, name), conformance.VOCAB)
+
+
+@pytest.mark.parametrize("arch", STACKS.values(), ids=STACKS.keys())
+def test_a_left_padded_batch_decodes_each_row_as_alone_for_whole_stacks(arch):
+    torch.manual_seed(0)
+    assert_padded_batch_matches(perturbed(GPT(29, 10, TransformerConfig(d_model=32, n_heads=4, n_layers=2, **arch))),
+                                29)
+
+
+def test_a_left_padded_batch_is_refused_where_it_cannot_be_exact():
+    idx, pad = padded([torch.tensor([1, 2, 3]), torch.tensor([4])])
+    with pytest.raises(ValueError, match=r"needs the KV cache; .*norm '3pt'"):
+        registered_gpt("norm", "3pt").generate(idx, 2, temperature=0, pad=pad)
+    torch.manual_seed(0)
+    model = GPT(29, 10, TransformerConfig(d_model=32, n_heads=4, n_layers=2)).eval()
+    with pytest.raises(ValueError, match=r"within block_size \(10\); 3 \+ 8"):
+        model.generate(idx, 8, temperature=0, pad=pad)
+
+
+def test_generate_stops_when_every_row_is_done():
+    torch.manual_seed(0)
+    model = GPT(29, 16, TransformerConfig(d_model=32, n_heads=4, n_layers=2)).eval()
+    asked = []
+
+    def stop(new):
+        asked.append(new.shape[1])
+        return new.shape[1] >= 6
+
+    out = model.generate(torch.zeros(2, 3, dtype=torch.long), 12, temperature=0, stop=stop, stop_every=4)
+    assert asked == [4, 8] and out.shape == (2, 3 + 8)

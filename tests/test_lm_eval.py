@@ -112,6 +112,33 @@ def test_greedy_generation_is_the_models_own_and_stops_after_the_stop_condition(
     assert stopped == reference[:4]
 
 
+def test_greedy_batches_decode_each_context_as_alone_in_fewer_calls(monkeypatch):
+    module = tiny_lm(seed=1).eval()
+    scorer = SequenceScorer(module.model, BLOCK, batch_size=3)
+    g = torch.Generator().manual_seed(0)
+    contexts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (3, 9, 1, 5, 20)]
+    max_new = 5
+    # lm-eval's rule: the context keeps its last block_size - max_new tokens, so nothing slides.
+    alone = [scorer.greedy(c[-(BLOCK - max_new):], max_new) for c in contexts]
+    calls, generate = [], module.model.generate
+
+    def counted(idx, *args, **kwargs):
+        calls.append(idx.shape)
+        return generate(idx, *args, **kwargs)
+
+    monkeypatch.setattr(module.model, "generate", counted)
+    assert scorer.greedy_batch(contexts, max_new) == alone
+    assert [shape[0] for shape in calls] == [3, 2]  # five contexts, batches of three, longest first
+    # A batch ends after the chunk in which every row is done.
+    calls.clear()
+    stopped = scorer.greedy_batch(contexts[:2], 7, done=lambda ids: len(ids) >= 2, chunk=3)
+    assert [len(ids) for ids in stopped] == [3, 3] and len(calls) == 1
+    # A model that cannot keep a KV cache decodes one context at a time, to the same tokens.
+    module.model.train()
+    with pytest.warns(UserWarning, match="training mode"):
+        assert scorer.greedy_batch(contexts[:2], max_new) == alone[:2]
+
+
 def test_codecs_and_their_one_line_refusals(tmp_path):
     from lit.data.tokenizer_training import train_tokenizer
     from lit.errors import UserInputError
@@ -217,6 +244,11 @@ def test_adapter_generate_until_and_rolling_through_lm_evals_request_shape():
     stop = full[5]  # a character the greedy text reaches, so the stop cuts it
     [text] = lm.generate_until([SimpleNamespace(args=(context, {"until": [stop], "max_gen_toks": 30}))])
     assert text == full.split(stop)[0] and len(text) < 30
+    # Requests batched by their generation arguments come back in the order asked, each as if asked alone.
+    asked = [("JULIET:", {"until": ["\n"], "max_gen_toks": 6}), ("ROMEO:", {"until": [stop], "max_gen_toks": 4}),
+             ("KING HENRY", {"until": ["\n"], "max_gen_toks": 6}), ("O", {"until": ["\n"], "max_gen_toks": 6})]
+    together = lm.generate_until([SimpleNamespace(args=a) for a in asked])
+    assert together == [lm.generate_until([SimpleNamespace(args=a)])[0] for a in asked]
     docs = ["To be, or not to be", "First Citizen:\nBefore we proceed any further, hear me speak."]
     rolled = lm.loglikelihood_rolling([SimpleNamespace(args=(d,)) for d in docs])
     with torch.no_grad():

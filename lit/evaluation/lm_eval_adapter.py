@@ -2,8 +2,8 @@
 
 lm-eval's ``TemplateLM`` turns text requests into token ids (a context's trailing spaces moved onto the
 continuation; an empty context scored after the document-start token); ``SequenceScorer`` does the rest, batched
-and left-truncated to the model's context. ``generate_until`` is greedy, one request at a time (the model takes no
-attention mask, so prompts of different lengths cannot share a left-padded batch), with the model's ``generate``.
+and left-truncated to the model's context. ``generate_until`` is greedy: requests with the same stop strings and
+length share left-padded batches decoded through one KV cache each (``SequenceScorer.greedy_batch``).
 """
 
 from __future__ import annotations
@@ -37,18 +37,24 @@ class ArchLabLM(TemplateLM):
         return self.scorer.loglikelihood_rolling(documents, self.codec.prefix_id)
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        outputs = []
-        for request in requests:
+        groups: dict[tuple, list[tuple[int, list[int]]]] = {}
+        for n, request in enumerate(requests):
             context, gen_kwargs = request.args
             gen_kwargs = dict(gen_kwargs or {})
             until = gen_kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
+            until = (until,) if isinstance(until, str) else tuple(until)
             max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
             context_ids = self.codec.encode(context) if context else []
-            new = self.scorer.greedy([self.codec.prefix_id, *context_ids], max_new,
-                                     done=lambda ids, until=until: any(s in self.codec.decode(ids) for s in until))
-            text = self.codec.decode(new)
-            for stop in until:
-                text = text.split(stop)[0]
-            outputs.append(text)
+            groups.setdefault((until, max_new), []).append((n, [self.codec.prefix_id, *context_ids]))
+        outputs = [""] * len(requests)
+        for (until, max_new), members in groups.items():
+            def done(ids: list[int], until=until) -> bool:
+                return any(stop in self.codec.decode(ids) for stop in until)
+
+            news = self.scorer.greedy_batch([ids for _, ids in members], max_new, done=done)
+            for (n, _), new in zip(members, news, strict=True):
+                text = self.codec.decode(new)
+                for stop in until:
+                    text = text.split(stop)[0]
+                outputs[n] = text
         return outputs

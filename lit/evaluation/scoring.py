@@ -77,12 +77,40 @@ class SequenceScorer:
     def greedy(self, context: Sequence[int], max_new_tokens: int, done: Callable[[list[int]], bool] = lambda ids: False,
                chunk: int = 16) -> list[int]:
         """Greedy continuation of ``context`` with the model's own ``generate`` (temperature 0), at most
-        ``max_new_tokens``, stopping after the chunk in which ``done(new_ids)`` turns true."""
+        ``max_new_tokens``, stopping after the chunk of ``chunk`` tokens in which ``done(new_ids)`` turns true."""
         idx = torch.tensor([list(context)[-self.block_size:]], dtype=torch.long, device=self.device)
-        new: list[int] = []
-        while len(new) < max_new_tokens and not done(new):
-            step = min(chunk, max_new_tokens - len(new))
-            out = self.model.generate(idx, step, temperature=0)
-            new += out[0, idx.size(1):].tolist()
-            idx = out[:, -self.block_size:]
-        return new
+        out = self.model.generate(idx, max_new_tokens, temperature=0, stop=lambda new: done(new[0].tolist()),
+                                  stop_every=chunk)
+        return out[0, idx.size(1):].tolist()
+
+    @torch.no_grad()
+    def greedy_batch(self, contexts: Sequence[Sequence[int]], max_new_tokens: int,
+                     done: Callable[[list[int]], bool] = lambda ids: False, chunk: int = 16) -> list[list[int]]:
+        """``greedy`` for many contexts, ``batch_size`` at a time in left-padded batches through one KV cache each.
+
+        Each context is left-truncated to ``block_size - max_new_tokens`` tokens (lm-eval's rule for its Hugging
+        Face models), so prompt and continuation fit the model's context and each row decodes what it would alone.
+        A batch stops after the chunk in which ``done`` holds for every row. A model that cannot keep a KV cache
+        (``kv_cache_conflict``), or ``max_new_tokens`` not below block_size, decodes one context at a time."""
+        room = self.block_size - max_new_tokens
+        if room >= 1:
+            contexts = [list(c)[-room:] for c in contexts]
+        conflict = getattr(self.model, "kv_cache_conflict", lambda: "no KV cache")()
+        if room < 1 or conflict is not None:
+            return [self.greedy(c, max_new_tokens, done, chunk) for c in contexts]
+        if any(not c for c in contexts):
+            raise ValueError("a continuation is generated after at least one token (a document-start token)")
+        outputs: list[list[int]] = [[] for _ in contexts]
+        order = sorted(range(len(contexts)), key=lambda i: -len(contexts[i]))  # similar lengths pad little
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            width = len(contexts[rows[0]])
+            idx = torch.zeros(len(rows), width, dtype=torch.long)
+            pad = torch.tensor([width - len(contexts[i]) for i in rows])
+            for row, i in enumerate(rows):
+                idx[row, pad[row]:] = torch.tensor(contexts[i])
+            out = self.model.generate(idx.to(self.device), max_new_tokens, temperature=0, pad=pad.to(self.device),
+                                      stop=lambda new: all(done(ids) for ids in new.tolist()), stop_every=chunk)
+            for row, i in enumerate(rows):
+                outputs[i] = out[row, width:].tolist()
+        return outputs

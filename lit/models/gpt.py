@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,9 @@ class GPT(nn.Module):
                                     f"for the model")
         x = self.tok(idx)
         if self.pos is not None:
-            x = x + self.pos.weight[offset:offset + T]
+            positions = cache.positions(T, idx.device) if cache is not None else 0
+            x = x + (self.pos.weight[positions] if isinstance(positions, torch.Tensor)
+                     else self.pos.weight[positions:positions + T])
         h = self.stack(x, cache)
         if self.readout_multiplier is not None:
             h = h * self.readout_multiplier
@@ -75,7 +78,8 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, generator: torch.Generator | None = None,
-                 use_cache: bool = True) -> torch.Tensor:
+                 use_cache: bool = True, pad: torch.Tensor | None = None,
+                 stop: Callable[[torch.Tensor], bool] | None = None, stop_every: int = 16) -> torch.Tensor:
         """Autoregressive sampling; temperature 0 is greedy. Returns (B, T + max_new_tokens).
 
         With ``use_cache`` each step runs the new token alone against the keys and values kept from the steps before
@@ -85,12 +89,26 @@ class GPT(nn.Module):
         recomputes the context. Once the sequence outgrows block_size the context window slides, every kept token
         moves to a new position and sees fewer tokens before it, so from then on each step recomputes the window,
         cache or not: the output stays that of the uncached model.
+
+        ``pad`` (B,): a left-padded batch of prompts of different lengths, row b's first ``pad[b]`` columns being
+        padding. Each row then decodes what it would alone (its positions start at its first token; padding is
+        hidden from attention). That needs the KV cache and no sliding window: a model that cannot cache, or a
+        prompt plus ``max_new_tokens`` longer than block_size, is refused. ``stop(new_ids)`` is asked every
+        ``stop_every`` tokens whether every row is done; True ends decoding there.
         """
         conflict = self.kv_cache_conflict() if use_cache else None
+        if pad is not None:
+            if conflict is not None or not use_cache:
+                raise ValueError(f"a left-padded batch needs the KV cache; this model has none now: "
+                                 f"{conflict or 'use_cache=False'}")
+            if idx.shape[1] + max_new_tokens > self.block_size:
+                raise ValueError(f"a left-padded batch decodes within block_size ({self.block_size}); "
+                                 f"{idx.shape[1]} + {max_new_tokens} tokens were asked for")
         if conflict is not None:
             warnings.warn(f"generate runs without a KV cache: {conflict}", stacklevel=2)
-        cache = self.stack.new_cache() if use_cache and conflict is None else None
-        for _ in range(max_new_tokens):
+        cache = self.stack.new_cache(pad) if use_cache and conflict is None else None
+        prompt_length = idx.shape[1]
+        for step in range(max_new_tokens):
             if cache is not None and idx.shape[1] <= self.block_size:
                 # The first step reads the whole prompt (prefill), every later one the token sampled last.
                 h = self(idx[:, cache.length:], readout=False, cache=cache)
@@ -107,4 +125,6 @@ class GPT(nn.Module):
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
             idx = torch.cat([idx, nxt], dim=1)
+            if stop is not None and (step + 1) % stop_every == 0 and stop(idx[:, prompt_length:]):
+                break
         return idx

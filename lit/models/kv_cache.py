@@ -6,8 +6,12 @@ position t (a norm strategy, residual or projection that does not says so throug
 the new positions alone, if each attention layer appends their keys and values to those of the positions before
 and attends over all of them; RoPE and learned positions start at ``length``, the number of positions cached.
 
-One cache serves one batch of sequences that all have the same length (no padding), up to ``capacity`` positions
-(the model's block_size: RoPE and position tables end there).
+One cache serves one batch of sequences up to ``capacity`` slots (the model's block_size: RoPE and position tables
+end there). Sequences of different lengths share a batch left-padded: ``pad`` says how many slots of each row come
+before its first token. Those slots are hidden from every real position's attention, and each row's positions start
+at its first token, so a row computes what it would alone (tests/test_kv_cache.py). A padding slot attends to itself
+only (an all-masked row would be NaN, and NaN values leak through a zero attention weight); what it computes is
+never read.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ import torch
 
 
 class KVCache:
-    def __init__(self, n_layers: int, capacity: int):
+    def __init__(self, n_layers: int, capacity: int, pad: torch.Tensor | None = None):
         self.capacity = capacity
-        self.length = 0  # positions cached: the position of the next one
+        self.length = 0  # slots cached: the slot of the next one
+        self.pad = pad  # (B,) padding slots before each row's first token; None: no row is padded
         # Allocated by each layer at its first step, in the dtype and on the device its keys come in (autocast).
         self.keys: list[torch.Tensor | None] = [None] * n_layers
         self.values: list[torch.Tensor | None] = [None] * n_layers
@@ -37,6 +42,24 @@ class KVCache:
         keys[:, :, start:end] = k
         values[:, :, start:end] = v
         return keys[:, :, :end], values[:, :, :end]
+
+    def positions(self, new: int, device: torch.device) -> int | torch.Tensor:
+        """The positions of the next ``new`` slots: the offset of all rows (int) when none is padded, else (B, new)
+        per row, counted from the row's first token (its padding slots at 0: they are never read)."""
+        if self.pad is None:
+            return self.length
+        slots = torch.arange(self.length, self.length + new, device=device)
+        return (slots[None, :] - self.pad[:, None]).clamp_min(0)
+
+    def attention_mask(self, new: int, total: int, device: torch.device) -> tuple[bool, torch.Tensor | None]:
+        """SDPA's ``(is_causal, attn_mask)`` for ``new`` queries that are the last of ``total`` keys: causal, and
+        with padded rows a (B, 1, new, total) mask that also hides each row's padding slots."""
+        if self.pad is None:
+            return causal_mask(new, total, device)
+        query_slots = torch.arange(total - new, total, device=device)[:, None]
+        key_slots = torch.arange(total, device=device)[None, :]
+        seen = (key_slots <= query_slots)[None] & (key_slots >= self.pad[:, None, None])
+        return False, (seen | (key_slots == query_slots)[None])[:, None]
 
     def advance(self, positions: int) -> None:
         """Count the positions the whole stack has just run (every layer extended the cache by them)."""

@@ -42,16 +42,20 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
         """x: (B, H, T, head_dim), positions offset..offset+T-1 (offset > 0: the new positions of a KV-cached
-        decoding step, after the ``offset`` positions already cached)."""
+        decoding step, after the ``offset`` positions already cached), or ``offset`` a (B, T) tensor: each row's
+        own positions (a left-padded batch, lit/models/kv_cache.py)."""
         if self.dims < self.head_dim:
             rotated, passed = x.split([self.dims, self.head_dim - self.dims], dim=-1)
             return torch.cat([self._rotate(rotated, offset), passed], dim=-1)
         return self._rotate(x, offset)
 
-    def _rotate(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def _rotate(self, x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
         T = x.shape[-2]
-        cos, sin = self.cos[offset:offset + T].to(x.dtype), self.sin[offset:offset + T].to(x.dtype)
+        if isinstance(offset, torch.Tensor):  # (B, T) positions: the table's rows per row, broadcast over heads
+            cos, sin = self.cos[offset][:, None].to(x.dtype), self.sin[offset][:, None].to(x.dtype)
+        else:
+            cos, sin = self.cos[offset:offset + T].to(x.dtype), self.sin[offset:offset + T].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin

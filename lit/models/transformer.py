@@ -36,7 +36,7 @@ from arch_plugins.declarations import (
 from arch_plugins.interfaces import Concat, Kind, ResidualHistory, Role, Site, StackInfo
 from arch_plugins.stabilisers import with_stabilisers
 from lit.errors import ArchitectureError
-from lit.models.kv_cache import KVCache, causal_mask
+from lit.models.kv_cache import KVCache
 from lit.models.rope import RotaryEmbedding
 
 
@@ -195,7 +195,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
         if self.qk_before_rope is not None:
             q, k = self.qk_before_rope(q, k)
-        offset = cache.length if cache is not None else 0
+        offset = cache.positions(T, x.device) if cache is not None else 0
         if rope is not None:
             q, k = rope(q, offset), rope(k, offset)
         if self.qk is not None:
@@ -203,23 +203,27 @@ class Attention(nn.Module):
         causal, mask = self.causal, None
         if cache is not None:
             k, v = cache.extend(self.layer, k, v)
-            causal, mask = causal_mask(T, k.shape[-2], x.device)
+            causal, mask = cache.attention_mask(T, k.shape[-2], x.device)
         if self.inspect is not None:
             self.inspect(q, k, self.scale if self.scale is not None else q.shape[-1] ** -0.5, self.causal)
         if self.probs is None:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
                                                dropout_p=self.dropout if self.training else 0.0)
         else:
-            y = self._explicit_attention(q, k, v)
+            y = self._explicit_attention(q, k, v, mask)
         if self.gate is not None:
             y = self.gate(x, y)
         return self.out(y.transpose(1, 2).reshape(B, T, d))
 
-    def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Attention with the weights made by ``self.probs`` instead of the softmax (which SDPA fuses away)."""
+    def _explicit_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention with the weights made by ``self.probs`` instead of the softmax (which SDPA fuses away);
+        ``mask`` (True: seen) replaces the causal triangle where a KV cache gives one."""
         scale = self.scale if self.scale is not None else q.shape[-1] ** -0.5
         scores = (q @ k.transpose(-1, -2)).float() * scale
-        if self.causal:
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        elif self.causal:
             T, S = scores.shape[-2:]
             future = torch.ones(T, S, dtype=torch.bool, device=scores.device).triu(S - T + 1)
             scores = scores.masked_fill(future, float("-inf"))
@@ -380,9 +384,10 @@ class TransformerStack(nn.Module):
             cache.advance(x.shape[1])
         return self.final(h)
 
-    def new_cache(self) -> KVCache:
-        """An empty KV cache for this stack, as long as its RoPE table (``max_len``)."""
-        return KVCache(len(self.blocks), self.max_len)
+    def new_cache(self, pad: torch.Tensor | None = None) -> KVCache:
+        """An empty KV cache for this stack, as long as its RoPE table (``max_len``); ``pad``: each row's padding
+        slots, for a left-padded batch."""
+        return KVCache(len(self.blocks), self.max_len, pad)
 
     def incremental_decoding_conflict(self) -> str | None:
         """Why a KV-cached step (the new positions alone) would not compute what the whole sequence does, naming the
