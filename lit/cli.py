@@ -20,6 +20,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 # lit.data.DigitsDataModule), so a text run never pays for them.
 import lit.data.text  # noqa: F401
 import lit.language_model  # noqa: F401
+from lit import sharded_build
 from lit.checkpoint_writing import install as install_whole_checkpoint_writer
 from lit.checkpoints import check_fits, checkpoint_shapes
 from lit.errors import UserInputError, report
@@ -86,6 +87,13 @@ class ArchLabCLI(LightningCLI):
         parser.set_defaults({"checkpoint.save_last": True})
         # SIGTERM / SIGUSR1 / Ctrl-C save last.ckpt and stop; last.ckpt is refreshed every few minutes too.
         parser.add_lightning_class_args(PreemptionCheckpoints, "preemption")
+
+    def before_instantiate_classes(self) -> None:
+        # The model is built before the trainer and its strategy: whether the processes other than rank 0 may build
+        # it on the meta device is read from the configuration (lit/sharded_build.py).
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        sharded_build.request(sharded_build.asked_by_strategy(config.get("trainer", {}).get("strategy")))
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)

@@ -116,15 +116,22 @@ def compile_model(model: nn.Module, *, per_block: bool = False, **options) -> No
     model._compiled_call_impl = call
 
 
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``shard`` has already been applied to ``model`` (FSDP2 made it an ``FSDPModule``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
 def shard(model: nn.Module, device_mesh, precision: str | None = None) -> nn.Module:
     """Apply FSDP2 ``fully_shard`` to every transformer block, then to ``model``; idempotent.
 
     With ``bf16-mixed`` the blocks compute and all-gather in bf16 while the sharded fp32 parameters stay
     the master weights (what the optimizer and weight constraints act on) and gradients reduce in fp32.
     """
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if isinstance(model, FSDPModule):  # configure_model may run again (e.g. a second fit)
+    if is_sharded(model):  # configure_model may run again (e.g. a second fit)
         return model
     names = device_mesh.mesh_dim_names or ()
     if TENSOR_PARALLEL in names and device_mesh[TENSOR_PARALLEL].size() > 1:
@@ -192,13 +199,17 @@ class FSDP2Strategy(ModelParallelStrategy):
             another number of processes); False gathers full weights into one file on rank 0.
         process_group_backend: ``nccl`` on GPUs, ``gloo`` on CPUs by default.
         timeout: collective timeout.
+        build_on_meta: rank 0 alone builds the model; the other processes build it on the meta device and take
+            their shards of rank 0's weights after sharding (lit/sharded_build.py; bit-identical, one whole copy
+            instead of one per process). Read by ``cli.py`` before the model is built.
     """
 
     def __init__(self, save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
-                 timeout: timedelta | None = default_pg_timeout):
+                 timeout: timedelta | None = default_pg_timeout, build_on_meta: bool = True):
         super().__init__(data_parallel_size="auto", tensor_parallel_size=1,
                          save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, timeout=timeout)
+        self.build_on_meta = build_on_meta
 
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes

@@ -19,6 +19,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from arch_plugins.declarations import has_progress_hooks
+from lit import sharded_build
 from lit.callbacks import (
     LogRoleTable,
     RenormalizeUnitNormWeights,
@@ -34,7 +35,7 @@ from lit.errors import UserInputError
 from lit.log_steps import is_log_step
 from lit.matmul_precision import allow_tf32
 from lit.optim import configure, select_optimizer
-from lit.parallel import checkpoint_blocks, compile_model, shard
+from lit.parallel import checkpoint_blocks, compile_model, is_sharded, shard
 from lit.schedules import check as check_schedule
 from lit.throughput import ThroughputWindow, device_peak, mfu
 from lit.tracking import per_example
@@ -152,8 +153,11 @@ class ArchitectureTask(L.LightningModule):
             checkpoint_blocks(self.model)
         if self.compiled:
             compile_model(self.model, per_block=self.device_mesh is not None)
-        if self.device_mesh is not None:
+        if self.device_mesh is not None and not is_sharded(self.model):
+            whole = sharded_build.whole_state(self.model) if sharded_build.requested() else None
             shard(self.model, self.device_mesh, self.trainer.precision if self._trainer else None)
+            if whole is not None:
+                sharded_build.materialize(self.model, self.trainer.strategy.root_device, whole)
 
     def configure_callbacks(self) -> list[L.Callback]:
         # Whatever the architecture, weights that declared a unit-norm constraint are kept on the sphere;
@@ -241,6 +245,10 @@ class ArchitectureTask(L.LightningModule):
         """``factory()`` under the run's rule for random numbers (``lit/common_random_numbers.py``): by
         construction order, or keyed by each parameter's name so that variants share what they have in common."""
         self.random_numbers, self.random_numbers_seed = random_numbers, torch.initial_seed()
+        self.built_on_meta = sharded_build.builds_on_meta()
+        if self.built_on_meta:  # rank 0's weights arrive after sharding (lit/sharded_build.py)
+            with torch.device("meta"):
+                return factory()
         return build(factory, random_numbers, self.random_numbers_seed)
 
     def on_train_start(self) -> None:

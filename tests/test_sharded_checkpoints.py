@@ -8,6 +8,7 @@ same global batches, thanks to the sampler), and one process resuming the export
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -32,11 +33,19 @@ def checkpoints(folder: Path) -> dict[str, Path]:
     return {p.name: p for p in ckpt_dir.iterdir()}
 
 
+PROBE = ["--trainer.callbacks+=tests.sharded_build_probe.RecordBuild"]
+
+
 @pytest.fixture(scope="module")
-def sharded_run(tmp_path_factory) -> dict[str, Path]:
+def sharded_run_folder(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("fsdp")
-    run_two_processes([*NGPT, *FSDP], folder)
-    return checkpoints(folder)
+    run_two_processes([*NGPT, *FSDP, *PROBE], folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def sharded_run(sharded_run_folder) -> dict[str, Path]:
+    return checkpoints(sharded_run_folder)
 
 
 def weights(path: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
@@ -94,3 +103,21 @@ def test_a_sharded_checkpoint_of_another_architecture_is_one_line(sharded_run, w
     assert exit_info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "does not fit this model" in errors[0], errors
+
+
+def test_rank_1_builds_on_meta_and_the_run_is_bit_identical_to_building_everywhere(sharded_run_folder, sharded_run,
+                                                                                  tmp_path):
+    # lit/sharded_build.py: rank 0 builds, rank 1 only shapes; after sharding rank 1 holds rank 0's weights,
+    # buffers and random-number state, so the run is the one where both built the whole model.
+    read = (lambda folder, rank: json.loads((folder / f"built_on_meta.rank{rank}.json").read_text()))
+    assert [read(sharded_run_folder, rank) for rank in (0, 1)] == [False, True]
+    starts = [torch.load(sharded_run_folder / f"start.rank{rank}.pt") for rank in (0, 1)]
+    for key in ("parameters", "buffers"):
+        assert starts[0][key].keys() == starts[1][key].keys() and starts[0][key]
+        for name, tensor in starts[0][key].items():
+            assert torch.equal(starts[1][key][name], tensor), name
+    assert torch.equal(starts[0]["rng"], starts[1]["rng"])
+    run_two_processes([*NGPT, *FSDP, *PROBE, "--trainer.strategy.init_args.build_on_meta=false"], tmp_path)
+    assert [read(tmp_path, rank) for rank in (0, 1)] == [False, False]
+    assert_same_weights(weights(checkpoints(tmp_path)["epoch=0-step=4.ckpt"], tmp_path),
+                        weights(sharded_run["epoch=0-step=4.ckpt"], tmp_path), atol=0)
