@@ -157,6 +157,26 @@ def test_a_failing_stage_is_recorded_and_the_others_still_run(monkeypatch, tmp_p
     assert all(result["stages"][s]["status"] == "ran" for s in "ACDE")
 
 
+def test_a_lost_cuda_context_ends_the_stages_and_keeps_what_was_measured(monkeypatch, tmp_path):
+    # An illegal memory access is sticky: the next CUDA call (here the cleanup after stage B) raises, and so would
+    # every later one. The later stages are recorded as not run, stage B keeps its figures, the JSON is written.
+    now = [0.0]
+    calls = _fake_stages(monkeypatch, now)
+    stage_of_call = iter("ABCDE")
+
+    def free_memory(device):
+        if next(stage_of_call) == "B":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(run.measure, "free_memory", free_memory)
+    assert run.main(["--dry", "--out", str(tmp_path)], clock=lambda: now[0]) == 1
+    result = json.loads((tmp_path / "gpu_check_cpu.json").read_text())
+    assert calls == ["A", "B"]
+    assert result["stages"]["B"]["status"] == "failed" and "illegal memory access" in result["stages"]["B"]["error"]
+    assert result["stages"]["B"]["out"]  # what it measured before the cleanup raised
+    assert [result["stages"][s]["status"] for s in "CDE"] == ["not run: the CUDA context was lost in stage B"] * 3
+
+
 def test_a_run_of_some_stages_writes_files_of_its_own(monkeypatch, tmp_path):
     calls = _fake_stages(monkeypatch, [0.0])
     assert run.main(["--dry", "--stages", "ca", "--out", str(tmp_path)]) == 0
