@@ -122,6 +122,8 @@ def load_initial_weights(module: nn.Module, path: str | Path, growth: Growth) ->
     if not path.is_file():
         raise UserInputError(f"init_from checkpoint not found: {path} (give the path of a .ckpt file, or of a "
                              f"timm/DeiT ViT .pth or .safetensors file)")
+    if getattr(module, "built_on_meta", False):
+        return  # rank 0 loads them; they arrive with its other weights after sharding (lit/sharded_build.py)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
