@@ -226,7 +226,7 @@ def results(result: dict) -> str:
                   f"Status: {stage.get('status')}; {_f(stage.get('wall_s'), '{:.1f}')} s of "
                   f"{_f(stage.get('allotted_s'), '{:.0f}')} s allotted.", ""]
         if stage.get("error"):
-            lines += ["```", stage["error"].strip()[:1500], "```"]
+            lines += ["```", stage["error"].strip()[:1500], "```", ""]
         # A failed stage still shows what it measured before it failed (the CUDA context can be lost late).
         if stage.get("status") in ("ran", "killed: budget", "failed") and stage.get("out"):
             try:
