@@ -17,6 +17,7 @@ import statistics
 
 import torch
 
+from benchmarks.kv_cache import add_model_arguments
 from benchmarks.timing import interleave, timed
 from lit.evaluation.scoring import SequenceScorer
 from lit.models.gpt import GPT
@@ -25,11 +26,7 @@ from lit.models.transformer import TransformerConfig
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=8192)
-    p.add_argument("--block-size", type=int, default=256)
+    add_model_arguments(p)
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--shortest", type=int, default=8)
     p.add_argument("--longest", type=int, default=96)

@@ -23,13 +23,18 @@ from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The random-weight model the decoding benchmarks time (this one and ``benchmarks.batched_generation``)."""
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--block-size", type=int, default=256)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_arguments(p)
     p.add_argument("--prompt", type=int, default=16, help="prompt length in tokens")
     p.add_argument("--new-tokens", type=int, default=240)
     p.add_argument("--rounds", type=int, default=5)
