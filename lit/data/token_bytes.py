@@ -33,15 +33,22 @@ def _byte_level_chars() -> dict[str, int]:
 
 
 def load_tokenizer(path: str | Path):
+    """A local tokenizers JSON file, set to encode text as ordinary text: a special token's string inside a
+    document (``<|endoftext|>`` in a web page about language models) becomes its bytes' tokens, never the special
+    id, as llm.c's ``encode_ordinary`` and nanochat's tokenizer do. Special ids are placed by ids only (the EOT
+    ``prepare-data`` puts before each document, a prompt's start). Every encoding of text for training and
+    evaluation (``prepare-data``, ``predict``'s prompt, lm-eval) loads its tokenizer here."""
     from tokenizers import Tokenizer
 
     if not Path(path).is_file():
         raise UserInputError(f"tokenizer file {path} not found; pass a local tokenizers JSON file "
                              f"(`python cli.py train-tokenizer` makes one)")
     try:
-        return Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
         raise UserInputError(f"{path} is not a tokenizers JSON file ({e})") from e
+    tokenizer.encode_special_tokens = True  # "encode them as text": the added vocabulary is not matched in text
+    return tokenizer
 
 
 def _is_byte_level(tokenizer) -> bool:
