@@ -58,6 +58,9 @@ class Corpus:
         text_key: the field (JSONL) or column (parquet, datasets) holding each record's text.
         text_unit: what a document is in a text file: the whole ``file``, each ``paragraph`` (blank-line
             separated) or each non-empty ``line``.
+
+    ``cut_at`` (byte offsets, ascending; ``file`` unit only): a text file also starts a new document at the first
+    line that starts at or after each offset (how ``prepare-data`` splits one text file by position).
     """
 
     def __init__(self, inputs: list[str], text_key: str = "text", text_unit: str = "file",
@@ -71,6 +74,7 @@ class Corpus:
         self.text_key, self.text_unit, self.piece_chars = text_key, text_unit, piece_chars
         self.total_bytes = sum(_size(p) for p in self.paths)
         self.bytes_read = 0
+        self.cut_at: tuple[int, ...] = ()
 
     def __iter__(self) -> Iterator[Piece]:
         self.bytes_read = 0
@@ -87,10 +91,12 @@ class Corpus:
     def _text(self, path: Path) -> Iterator[Piece]:
         buffer: list[str] = []
         size, first = 0, True
+        cuts, position = list(self.cut_at), 0  # position: the current line's first byte in the file
         with open(path, "rb") as f:
             for raw in f:
                 self.bytes_read += len(raw)
                 line = _decode(raw, path)
+                line_start, position = position, position + len(raw)
                 if self.text_unit == "line":
                     if line.strip():
                         yield Piece(line.rstrip("\n"), True)
@@ -100,7 +106,13 @@ class Corpus:
                         yield Piece("".join(buffer), first)
                         buffer, size, first = [], 0, True
                     continue
-                if size >= self.piece_chars and _cuttable(buffer[-1], line):
+                if cuts and line_start >= cuts[0]:
+                    while cuts and line_start >= cuts[0]:
+                        cuts.pop(0)
+                    if buffer:
+                        yield Piece("".join(buffer), first)
+                    buffer, size, first = [], 0, True
+                elif size >= self.piece_chars and _cuttable(buffer[-1], line):
                     yield Piece("".join(buffer), first)  # a cut BPE's pre-tokenizer also makes: see the docstring
                     buffer, size, first = [], 0, False
                 buffer.append(line)
