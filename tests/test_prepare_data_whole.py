@@ -49,7 +49,6 @@ def leftovers(folder: Path) -> list[str]:
 def test_a_malformed_line_after_shards_were_written_leaves_out_as_it_was(tmp_path, tokenizer_file, capsys,
                                                                           monkeypatch):
     from lit.data import shard_format
-
     from lit.data.prepare import BATCH_CHARS
 
     # More than one batch of text (what is read ahead of encoding) before the bad line, so that shards are written
