@@ -198,17 +198,47 @@ def test_the_repeated_interval_excludes_0_exactly_when_the_look_decided():
     plan = S.Plan((3, 6, 9, 12), 0.05, effect_of_interest=0.02)
     seeds = [str(s) for s in range(12)]
     seen = {True: 0, False: 0}
-    for _ in range(60):
+    short = 0
+    for family in range(90):
         effects = rng.choice([0.0, 0.01, 0.03, 0.06], size=4)
         outcomes = {f"v{i}": {s: float(e + rng.normal(0, 0.03)) for s in seeds} for i, e in enumerate(effects)}
+        if family % 3 == 0:
+            # A third of the families miss one seed (index >= 2) of one comparison: its looks test fewer pairs than
+            # the plan's n, and the |t| its boundary needs is that of the pairs tested (statistics-review-4, F1).
+            del outcomes[f"v{rng.integers(4)}"][seeds[rng.integers(2, 12)]]
         result = S.replay(outcomes, seeds, plan, 4)
         for c in result.comparisons:
             low, high = c.repeated_interval
             decided = c.state == "rejected"
             assert (low > 0 or high < 0) == decided, c
             assert low <= c.mean <= high
+            planned = plan.looks[c.boundary_look - 1]
+            short += sum(s in outcomes[c.label] for s in seeds[:planned]) < planned
             seen[decided] += 1
     assert min(seen.values()) > 20, seen  # both kinds were met
+    assert short > 10, short  # and the missing seed was met at the boundary that decided
+
+
+def test_a_comparison_missing_a_seed_is_given_the_t_of_the_pairs_it_tested():
+    # statistics-review-4 F1: one seed of 12 missing, the last look tests 11 pairs (10 df). Its |t| lies between
+    # what 11 and 12 pairs need: not rejected, so its repeated interval must hold 0; the plan's 12 would exclude it.
+    plan = S.Plan((3, 6, 9, 12), 0.05)
+    seeds = [str(s) for s in range(12)]
+    rng = np.random.default_rng(4)
+    kept = [s for s in seeds if s != "5"]
+    noise = rng.normal(0, 1, 11)
+    level = plan.levels(plan.alpha)[-1]
+    needed_11, needed_12 = S.critical_t(level, 11), S.critical_t(level, 12)
+    assert needed_11 > needed_12
+    target = (needed_11 + needed_12) / 2
+    shift = target * noise.std(ddof=1) / math.sqrt(11) - noise.mean()  # |t| at the last look lands on target
+    result = S.replay({"v": dict(zip(kept, map(float, noise + shift), strict=True))}, seeds, plan, 4)
+    (c,) = result.comparisons
+    assert c.pairs == 11 and c.boundary_look == 4 and c.state == "retained", c
+    assert c.p_values[-1] > c.boundary_p  # the test at 10 df did not cross
+    assert c.critical_t == pytest.approx(needed_11)
+    low, high = c.repeated_interval
+    assert low < 0 < high, (low, high)
 
 
 def test_futility_spares_an_effect_three_times_the_effect_of_interest_on_a_noisy_comparison():
@@ -261,3 +291,40 @@ def test_a_look_is_written_once(tmp_path, empty_store):
     assert write_look(client, run_id, {"look": 1, "open": ["x"]})
     assert not write_look(client, run_id, {"look": 1, "open": []})  # a second record of look 1 is refused
     assert [r["open"] for r in read_looks(client, run_id)] == [["x"]]
+
+
+# --- the futility rule in words (statistics-review-4, F2): every place says what decide() runs ---
+
+def test_a_futile_comparison_beyond_e_is_described_at_its_estimate_not_at_e():
+    from lit.sweep.looks import describe_look
+
+    plan = S.Plan((3, 6, 9, 12), 0.05, effect_of_interest=0.01)
+    seeds = [str(s) for s in range(12)]
+    x = np.random.default_rng(0).normal(0, 1, 12)
+    x += 0.028 - x[:6].mean()  # the estimate at look 2 is 0.028, above E, and the spread hides it
+    result = S.replay({"v": dict(zip(seeds, map(float, x), strict=True))}, seeds, plan, 2)
+    (c,) = result.comparisons
+    assert c.state == "futile" and c.look == 2 and c.mean == pytest.approx(0.028)
+    line = describe_look(result.look_record(2), plan.effect_of_interest, plan.futility_power)
+    assert "at ±0.01" not in line and "at ±0.028 = max(E 0.01, |estimate| 0.028)" in line, line
+
+
+def test_futility_is_said_not_to_act_where_no_look_before_the_last_has_4_pairs():
+    from lit.compare.sequential_report import header_notes, render
+
+    plan = S.Plan((2, 4), effect_of_interest=0.05)
+    assert plan.futility_looks == ()
+    seeds = [str(s) for s in range(4)]
+    result = S.replay({"v": {s: float(v) for s, v in zip(seeds, (0.1, -0.2, 0.3, 0.05), strict=True)}}, seeds, plan, 2)
+    section = render(result, [])
+    bullet = header_notes({"sequential": plan.to_json()}, [{}, {}], [])[0]
+    for text in (section, bullet, plan.to_json()["futility"]):
+        assert "cannot act with these looks" in text and "±0.05" not in text, text
+    assert S.Plan((3, 6, 9, 12), effect_of_interest=0.05).futility_looks == (2, 3)  # 6 and 9 pairs; never the last
+
+
+def test_the_recorded_futility_rule_names_the_estimate_the_pairs_and_the_last_look():
+    words = S.Plan((3, 6, 9, 12), effect_of_interest=0.05).to_json()["futility"]
+    assert "max(0.05, |its current estimate|)" in words and "at least 4 paired seeds" in words, words
+    assert "never at the last look" in words and "looks 2, 3" in words
+    assert S.Plan((3, 6, 9, 12)).to_json()["futility"] == "none"

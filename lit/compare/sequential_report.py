@@ -15,7 +15,7 @@ import math
 from dataclasses import replace
 
 from lit.compare import stats
-from lit.statistics.sequential import Plan, SequentialResult, critical_t, replay
+from lit.statistics.sequential import FUTILITY_MIN_PAIRS, Plan, SequentialResult, critical_t, replay
 
 DECIDED, FUTILE, LAST, OPEN = ("{verdict} (decided at look {look} of {of})",
                                "not distinguishable (stopped for futility at look {look} of {of})",
@@ -99,10 +99,8 @@ def header_notes(protocol: dict, looks: list[dict], extensions: list[dict]) -> l
 
 def _spending(plan: Plan) -> str:
     kind = "O'Brien-Fleming-type" if plan.spending == "obrien_fleming" else "Pocock-type"
-    futility = (f"futility when the conditional power at ±{plan.effect_of_interest:g} falls below "
-                f"{plan.futility_power:.0%}" if plan.effect_of_interest else "no futility rule")
     return (f"{kind} alpha spending (Lan-DeMets), α = {plan.alpha:g} over the family with a group-sequential Holm; "
-            f"{futility}")
+            f"{plan.futility_rule()}")
 
 
 def repeated_interval_text(c, digits: int) -> str:
@@ -122,11 +120,11 @@ def render(result: SequentialResult, notes: list[str], digits: int = 3) -> str:
              "t at n − 1 df (the exact sign-flip test where a run diverged) against the look's boundary as a "
              "nominal p-level, for its Holm share α/|J| (J: the comparisons not yet decided; a decided one frees its "
              "share for the others). The levels spend the function's increments for the paired t at these "
-             "seed counts (docs/comparing-statistics.md). Settled comparisons (decided, or futile) run no more "
+             "seed counts (docs/sequential.md). Settled comparisons (decided, or futile) run no more "
              f"seeds; the baseline runs what an open one needs. {result.looks_done} of {plan.count} looks recorded "
              "under the parent run (`looks/look_<k>.json`); the verdicts above are the replay of those looks from "
              "the runs.", ""]
-    header = ["look", "paired seeds", "α spent", f"boundary at α/{m} (nominal p)", "\\|t\\| needed", "decided here",
+    header = ["look", "paired seeds", "α spent (the family's)", f"boundary at α/{m} (nominal p)", "\\|t\\| needed", "decided here",
               "open after"]
     rows = []
     for k in range(1, result.looks_done + 1):
@@ -156,10 +154,14 @@ def render(result: SequentialResult, notes: list[str], digits: int = 3) -> str:
                       f"{', '.join(result.untestable)}."]
     lines += ["", "*Repeated CI at that boundary*: the mean paired difference at the look of the boundary used, ± the "
                   "\\|t\\| that boundary needs × its standard error. It is the interval of the sequential decision: "
-                  "it excludes 0 exactly when that look decided (— for a sign-flip look). The columns of *Against "
-                  "the baseline* marked fixed-sample (the interval, p (Holm), q (BH), MDE) are computed as if each "
-                  "comparison's final seeds had been a fixed design: they are for reading, not deciding, and a "
-                  "mean at the look where it crossed a boundary leans away from 0."]
+                  "it excludes 0 exactly when that look decided (— for a sign-flip look). *Conditional power*: at "
+                  "the comparison's latest look where the futility rule was checked (— where it was not: "
+                  + ("no effect of interest" if not plan.effect_of_interest else
+                     f"fewer than {FUTILITY_MIN_PAIRS} paired seeds, or the last look") + "). The columns of "
+                  "*Against the baseline* marked fixed-sample (the interval, the seeds × test examples interval, "
+                  "p (Holm), q (BH), MDE) are computed as if each comparison's final seeds had been a fixed "
+                  "design: they are for reading, not deciding, and a mean at the look where it crossed a boundary "
+                  "leans away from 0."]
     lines += [f"\n{note}" for note in notes]
     return "\n".join(lines)
 

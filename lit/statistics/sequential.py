@@ -43,7 +43,7 @@ from lit.statistics.paired_tests import paired_t_p, sign_flip_p_matrix
 
 OBRIEN_FLEMING, POCOCK = "obrien_fleming", "pocock"
 ALPHA = 0.05
-FUTILITY_POWER = 0.10  # stop an open comparison whose conditional power at the effect of interest is below this
+FUTILITY_POWER = 0.10  # stop an open comparison whose conditional power at max(E, |estimate|) is below this
 FUTILITY_MIN_PAIRS = 4  # futility is not checked on fewer pairs: a 2-df sd makes the conditional power a guess
 GRID = 801  # points of the numerical integration over a look's continuation region (odd, for Simpson's rule)
 OPEN, REJECTED, FUTILE, RETAINED = 0, 1, 2, 3  # a comparison's state after a look
@@ -199,11 +199,33 @@ class Plan:
         """Two-sided alpha spent by look ``look`` (1-based), at the family's alpha."""
         return SPENDING[self.spending](self.looks[look - 1] / self.looks[-1], self.alpha)
 
+    @property
+    def futility_looks(self) -> tuple[int, ...]:
+        """The looks (1-based) where the futility rule is checked: every look but the last with at least
+        ``FUTILITY_MIN_PAIRS`` planned pairs (none without an effect of interest). Empty for looks 2, 4 or 3, 6."""
+        if not self.effect_of_interest:
+            return ()
+        return tuple(k for k, n in enumerate(self.looks[:-1], start=1) if n >= FUTILITY_MIN_PAIRS)
+
+    def futility_rule(self) -> str:
+        """The futility rule in words, as the protocol records it and the report and the sweep's console print it:
+        one text, so none of them can describe an older rule than ``decide`` runs."""
+        if not self.effect_of_interest:
+            return "no futility rule"
+        rule = (f"non-binding futility: an open comparison stops when its conditional power at the last look, if "
+                f"the true mean difference were ±max({self.effect_of_interest:g}, |its current estimate|), falls "
+                f"below {self.futility_power:g}; checked at looks with at least {FUTILITY_MIN_PAIRS} paired seeds, "
+                "never at the last look")
+        checked = self.futility_looks
+        if not checked:
+            return (rule + f"; it cannot act with these looks (none before the last has {FUTILITY_MIN_PAIRS} paired "
+                    "seeds)")
+        return rule + f" (here at look{'s' if len(checked) > 1 else ''} {', '.join(map(str, checked))})"
+
     def to_json(self) -> dict:
         return {**asdict(self), "looks": list(self.looks), "multiplicity": "group-sequential Holm",
                 "test": "paired t at n - 1 df against the nominal p-level of the look (sign-flip with a diverged run)",
-                "futility": ("non-binding: conditional power at the last look below futility_power at "
-                             "+-effect_of_interest" if self.effect_of_interest else "none")}
+                "futility": self.futility_rule() if self.effect_of_interest else "none"}
 
     @classmethod
     def from_json(cls, spec: Mapping) -> Plan:
@@ -382,7 +404,7 @@ class ComparisonLooks:
     share: float  # the Holm share alpha / |J| its boundary used (in force at its last look while open)
     boundary_look: int  # the look whose boundary decided (the crossing look of a rejection; else its last look)
     boundary_p: float  # that boundary as a nominal p-level
-    critical_t: float  # and as the |t| a paired t at that look's seeds needs
+    critical_t: float  # and as the |t| a paired t needs at the pairs that look tested (not the plan's n)
     conditional_power: float | None  # at its last look, where futility was checked
     mean: float = math.nan  # the mean paired difference at ``boundary_look``
     standard_error: float = math.nan  # and its standard error (sd / sqrt(n)); NaN where the test was the sign-flip
@@ -486,7 +508,10 @@ def _course(labels, i, k, plan, p, direction, pairs, t_tested, decisions: Decisi
         boundary_look = last + 1
     at = boundary_look - 1 if state == REJECTED else last  # a rejection's direction is its crossing's
     level = plan.levels(share)[boundary_look - 1]
-    n = plan.looks[boundary_look - 1]
+    # The |t| the test at that look needed at the pairs it tested, not the plan's n: a comparison missing a seed
+    # had fewer df, and its interval must exclude 0 exactly when its p crossed (statistics-review-4 F1).
+    tested = pairs[0, i, boundary_look - 1]
+    n = int(tested) if math.isfinite(tested) else 0
     computed = decisions.powers[0, i, :last + 1]
     power = computed[~np.isnan(computed)][-1] if (~np.isnan(computed)).any() else math.nan  # its latest
     return ComparisonLooks(

@@ -33,11 +33,13 @@ def add_options(p) -> None:
                         "settled one (better/worse, or futile) stops. The family's error rate holds over the looks "
                         "(O'Brien-Fleming-type alpha spending, group-sequential Holm); see docs/sweeps.md")
     p.add_argument("--effect_of_interest", type=float, default=None, metavar="E",
-                   help="with --looks: the mean paired difference worth finding, in the metric's units; from "
-                        "the 6th seed on (not on a 3-seed look), a comparison stops for futility when even the "
-                        "maximum seeds would find an effect of max(E, |current estimate|) with less than 10%% "
-                        "conditional power. An effect larger than E is not guaranteed its power: a noisy "
-                        "comparison whose estimate happens to fall below E can still stop (docs/sequential.md)")
+                   help="with --looks: the mean paired difference worth finding, in the metric's units; at every "
+                        "look but the last that has at least 4 paired seeds, a comparison stops for futility when "
+                        "even the maximum seeds would find an effect of max(E, |current estimate|) with less than "
+                        "10%% conditional power (never at the last look: with --looks 2,4 or 3,6 the rule cannot "
+                        "act). An effect larger than E is not guaranteed its power: a comparison whose estimate "
+                        "happens to fall low can still stop, and a smaller E stops more (its cost in power: "
+                        "docs/sequential.md)")
     p.add_argument("--spending", choices=SPENDING_CHOICES, default=None,
                    help="with --looks: the alpha-spending function (default obrien_fleming: almost nothing spent "
                         "early, the last look close to a fixed design's)")
@@ -215,6 +217,14 @@ def paired_outcomes(client, counted: dict, proto: dict, labels: set[str]) -> dic
     return pairs
 
 
+def futility_effect(estimate: float | None, effect: float) -> str:
+    """The effect a futile comparison's conditional power was computed at, in words: the rule takes the larger of
+    E and the comparison's estimate at that look (``sequential.decide``), not E alone."""
+    if estimate is None or not math.isfinite(estimate):
+        return f"±max(E {effect:g}, |estimate|)"
+    return f"±{max(effect, abs(estimate)):.3g} = max(E {effect:g}, |estimate| {abs(estimate):.3g})"
+
+
 def describe_look(record: dict, effect: float | None, futility_power: float) -> str:
     """One line per recorded look: what was decided, what stays open, what runs next."""
     k, n = record["look"], record["seeds"]
@@ -229,7 +239,7 @@ def describe_look(record: dict, effect: float | None, futility_power: float) -> 
                          f"{c['boundary_look']})")
         elif c["state"] == "futile":
             parts.append(f"{c['label']} stopped for futility (conditional power {c['conditional_power']:.2f} < "
-                         f"{futility_power:g} at ±{effect:g})")
+                         f"{futility_power:g} at {futility_effect(c.get('mean'), effect)})")
         elif c["state"] == "retained":
             parts.append(f"{c['label']} not distinguishable at the last look")
     if record["open"]:
