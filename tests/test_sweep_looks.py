@@ -99,7 +99,9 @@ def test_a_local_sequential_sweep_spends_seeds_only_on_open_comparisons(fake_tra
     assert "look 1 of 3 (3 seeds): open: norm=layernorm, norm=dyt, norm=perinorm -> look 2 runs 6 seeds" in out
     assert ("look 2 of 3 (6 seeds): norm=layernorm decided (higher than the baseline; p 2.96e-09 against boundary "
             "0.00") in out
-    assert "norm=dyt stopped for futility (conditional power 0.00 < 0.1 at ±0.01); open: norm=perinorm" in out
+    # The conditional power is taken at max(E, |estimate|), and the line says which (statistics-review-4 F2).
+    assert re.search(r"norm=dyt stopped for futility \(conditional power 0\.00 < 0\.1 at ±[\d.e-]+ = max\(E 0\.01, "
+                     r"\|estimate\| [\d.e-]+\)\); open: norm=perinorm", out), out
     assert "look 3 of 3 (9 seeds): norm=perinorm decided (higher than the baseline" in out
     assert "the sequential plan is settled, nothing left to run" in out
     client, parent, seeds = parent_and_runs(cwd)
@@ -134,10 +136,30 @@ def test_a_local_sequential_sweep_spends_seeds_only_on_open_comparisons(fake_tra
 
     header = next(line for line in course.splitlines() if line.startswith("| variant | decision"))
     column = cells(header).index("repeated CI at that boundary")
+    against_header = next(line for line in against.splitlines() if line.startswith("| variant |"))
+    mean_column = cells(against_header).index("mean difference")
+    recorded = {c["label"]: c for c in looks[-1]["comparisons"]}
     for label, decided in (("norm=layernorm", True), ("norm=dyt", False), ("norm=perinorm", True)):
         line = next(line for line in course.splitlines() if line.startswith(f"| {label} |"))
-        low, high = (float(x) for x in cells(line)[column].strip("[]").split(","))
+        printed = cells(line)[column]
+        low, high = (float(x) for x in printed.strip("[]").split(","))
         assert (low > 0 or high < 0) == decided, (label, low, high)
+        # The printed interval is the recorded look's: its mean ± |t| needed × SE, to the report's decimals
+        # (statistics-review-4 P5b), not merely some interval on the right side of 0.
+        c = recorded[label]
+        d = len(cells(rows[label])[mean_column].split(".")[1])
+        half = c["critical_t"] * c["standard_error"]
+        assert printed == f"[{c['mean'] - half:+.{d}f}, {c['mean'] + half:+.{d}f}]", (label, printed, c)
+    # A sequential report says the looks decide, and marks the fixed-design numbers (statistics-review-4 F4).
+    protocol_section = report.split("## Protocol")[1].split("\n## ")[0]
+    assert "Holm over its" not in protocol_section or "group-sequential" in protocol_section
+    assert "the group-sequential Holm over its looks decides the verdicts" in protocol_section
+    mde_paragraph = next(p for p in against.split("\n\n") if p.startswith("**Minimum detectable effect"))
+    assert "fixed-sample" in mde_paragraph, mde_paragraph
+    assert "MDE (fixed-sample): the smallest mean paired difference a fixed design" in against
+    assert "| q (BH, fixed-sample) |" in against
+    assert "(docs/sequential.md)" in course and "comparing-statistics.md" not in course
+    assert "max(0.01, |its current estimate|)" in protocol_section  # the rule that ran, in the protocol bullet
 
     # Rerunning the command changes nothing, and the looks are not written again.
     sweep(*SEQUENTIAL)

@@ -184,6 +184,11 @@ def _tuning_rule(a: Analysis, tune: dict) -> str:
 
 def _family(a: Analysis) -> str:
     f = a.family
+    if a.sequential is not None:  # the looks decide, not Holm over the final p-values (statistics-review-4 F4)
+        return (f"Multiple comparisons: a sequential sweep is its own family ({f.size} tested comparisons); the "
+                "group-sequential Holm over its looks decides the verdicts (*Sequential looks* below). Holm's "
+                "p-values and BH q-values over the comparisons' final seeds are shown beside them as fixed-sample "
+                "readings: they decide nothing.")
     where = (f"family `{f.name}`, declared in the protocol" if f.declared
              else "this sweep's own family (the protocol declares none)")
     sweeps = f" over {len(f.sweeps)} sweeps ({', '.join(s[:8] for s in f.sweeps)})" if len(f.sweeps) > 1 else ""
@@ -303,7 +308,7 @@ def _against_baseline(a: Analysis, d: int) -> str:
         "verdict rests on the t-test when every paired seed finished on both sides and the differences spread, "
         "else on the sign-flip test (column *test*): a diverged seed enters it as the worst outcome, and equal "
         "differences, for which t is undefined, get its exact p. "
-        f"{_decision_text(a, m)} MDE: the smallest mean paired difference this design finds with 80% power "
+        f"{_decision_text(a, m)} {_mde_subject(a)} with 80% power "
         f"at α/m = {a.mde_alpha:.3g} (Holm's strictest step), from the std of the paired differences and the "
         f"number of pairs (noncentral t). {SD_ESTIMATE} corr. is Pearson's correlation between the variant's and "
         "the baseline's per-seed values over the finished paired seeds (— below 3): pairing helps when it is "
@@ -328,7 +333,8 @@ def _against_baseline(a: Analysis, d: int) -> str:
               "CI (fixed-sample, not the decision)" if fixed else "CI (Holm)"]
     header += [f"CI, seeds × test examples{fixed}"] if two_way else []
     header += ["p (paired t)", "p (sign-flip)", "sign-flip floor (Holm)", "test",
-               "p (Holm, fixed-sample)" if fixed else "p (Holm)", "q (BH)", "corr.", f"MDE (80%){fixed}"]
+               "p (Holm, fixed-sample)" if fixed else "p (Holm)", "q (BH, fixed-sample)" if fixed else "q (BH)",
+               "corr.", f"MDE (80%){fixed}"]
     header += ["p (TOST)", "p (TOST, Holm)"] if parity else []
     header += ["verdict"]
     rows = []
@@ -381,6 +387,16 @@ def _decision_text(a: Analysis, m: int) -> str:
             "the verdict says different.")
 
 
+def _mde_subject(a: Analysis) -> str:
+    """What the MDE is, in the method text: this design's in a fixed sweep; in a sequential one a fixed design's
+    at the comparisons' final seeds, since the looks spend α over several looks and stop early."""
+    if a.sequential is not None:
+        return ("MDE (fixed-sample): the smallest mean paired difference a fixed design at each comparison's final "
+                "seeds would find, not the sequential design's (its looks spend α over several looks; its power at "
+                "a planned effect is in docs/sequential.md),")
+    return "MDE: the smallest mean paired difference this design finds"
+
+
 def _holm_interval(c: Comparison, d: int) -> str:
     if c.interval is None:
         return DASH if c.test != "sign-flip" else "— (sign-flip verdict)"
@@ -392,8 +408,11 @@ def _detectable(a: Analysis, d: int) -> str:
     if not mdes:
         return (f"**Minimum detectable effect:** unknown; it {NEEDS_PAIRS} (no variant has 2 finished seeds in "
                 "common with the baseline).")
-    return (f"**Minimum detectable effect:** {min(mdes):.{d}f} to {max(mdes):.{d}f} (per comparison in the table): "
-            f"a true mean difference at a row's MDE is found at α/m = {a.mde_alpha:.3g} with 80% power or more "
+    fixed = (" (fixed-sample: as if each comparison's final seeds had been a fixed design; the looks decide with "
+             "less power than this, docs/sequential.md)" if a.sequential is not None else "")
+    return (f"**Minimum detectable effect{' (fixed-sample)' if fixed else ''}:** {min(mdes):.{d}f} to "
+            f"{max(mdes):.{d}f} (per comparison in the table{fixed}): a true mean difference at a row's MDE is found "
+            f"at α/m = {a.mde_alpha:.3g} with 80% power or more "
             f"whenever the std's {stats.SD_CONFIDENCE:.0%} upper limit lies above the true std (4 reports in 5), and "
             "*not distinguishable* says nothing about effects below it. It shrinks with "
             "more seeds faster than 1/√n at small n (the t quantile falls too); `compare --plan --effect E` gives "
