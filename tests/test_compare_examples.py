@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lit.compare.command import main
-from lit.compare.examples import two_way_interval, two_way_intervals
+from lit.compare.examples import two_way_interval, two_way_intervals, two_way_standard_error
 from lit.tracking import per_example
 from tests.test_compare import log_child, log_parent, protocol_spec, table
 
@@ -53,6 +53,59 @@ def test_the_two_way_interval_is_the_seed_only_t_interval_when_the_examples_add_
     low, high = two_way_interval(noisy, 0.95)
     assert high - low > 2 * half
     assert two_way_interval(d[:1], 0.95) is None
+
+
+def by_hand(grid: list[list[float]]) -> tuple[float, float, float]:
+    """(mean, standard error, df) of a seeds x examples grid in plain Python: the two-way ANOVA's mean squares,
+    the examples' share MS_examples - MS_interaction floored at 0, and Satterthwaite's df for MS_seeds + that share
+    (each mean square over its own df, the share's two terms only where it is positive), at least S - 1."""
+    seeds, examples = len(grid), len(grid[0])
+    mean = sum(map(sum, grid)) / (seeds * examples)
+    by_seed = [sum(row) / examples for row in grid]
+    by_example = [sum(row[e] for row in grid) / seeds for e in range(examples)]
+    ms_seeds = examples * sum((m - mean) ** 2 for m in by_seed) / (seeds - 1)
+    ms_examples = seeds * sum((m - mean) ** 2 for m in by_example) / (examples - 1)
+    df_interaction = (seeds - 1) * (examples - 1)
+    ms_interaction = sum((grid[s][e] - by_seed[s] - by_example[e] + mean) ** 2
+                         for s in range(seeds) for e in range(examples)) / df_interaction
+    share = max(ms_examples - ms_interaction, 0.0)
+    variance = ms_seeds + share
+    denominator = ms_seeds ** 2 / (seeds - 1)
+    if share > 0:
+        denominator += ms_examples ** 2 / (examples - 1) + ms_interaction ** 2 / df_interaction
+    return mean, (variance / (seeds * examples)) ** 0.5, max(variance ** 2 / denominator, seeds - 1)
+
+
+# Fixed 3 x 4 grids (statistics-review-4, item 6): the examples' share negative (df S - 1 by the floor), and
+# Satterthwaite's df below S - 1 (floored), between S - 1 and S, and above S.
+@pytest.mark.parametrize("grid, raw_df", [
+    ([[2, -3, -2, -2], [-2, 2, 3, 1], [-3, -3, -1, 0]], None),
+    ([[1, 1, 3, -1], [3, -3, -3, 3], [3, -1, -3, -1]], 0.3119),
+    ([[-3, -2, -1, 0], [0, -1, 3, 1], [-2, -1, -2, -2]], 2.1119),
+    ([[2, -2, 1, 3], [0, -3, -3, -1], [-1, 0, -1, 2]], 3.2325)])
+def test_the_satterthwaite_df_and_standard_error_match_a_hand_computation(grid, raw_df):
+    mean, se, df = two_way_standard_error(np.array(grid, dtype=float))
+    expected = by_hand(grid)
+    assert (float(mean), float(se), float(df)) == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    assert float(df) == pytest.approx(2.0 if raw_df is None or raw_df < 2 else raw_df, abs=1e-4)
+
+
+def test_the_two_way_interval_is_never_narrower_than_the_seed_only_one():
+    # A 6-seed grid where the seeds dominate and the raw two-way interval comes out a little narrower (its
+    # Satterthwaite df above 5 buys a smaller t than the slightly larger SE costs): the guard gives the seed-only
+    # t interval, exactly. This is the case in most 6-seed grids of the text suite's structure (docs).
+    from scipy import stats
+
+    candidates = grids(np.random.default_rng(0), 20, 6, examples=40)
+    mean, se, df = two_way_standard_error(candidates)
+    per_seed = candidates.mean(axis=-1)
+    seed_only = stats.t.isf(0.025, 5) * per_seed.std(axis=-1, ddof=1) / np.sqrt(6)
+    ratio = stats.t.isf(0.025, df) * se / seed_only
+    pick = int(np.argmin(ratio))
+    assert ratio[pick] < 0.999 and df[pick] > 5, (ratio[pick], df[pick])  # the raw interval is narrower here
+    low, high = two_way_interval(candidates[pick], 0.95)
+    centre = per_seed[pick].mean()
+    assert (low, high) == pytest.approx((centre - seed_only[pick], centre + seed_only[pick]), rel=1e-13, abs=1e-15)
 
 
 @pytest.fixture(scope="module")
