@@ -137,7 +137,6 @@ def _write_shards(corpus: Corpus, inputs: list[str], tok, tokenizer: str, out_di
     finally:
         for writer in writers.values():
             writer.close()
-    progress.done(sum(w.tokens for w in writers.values()))
 
     total = sum(c["documents"] for c in counts.values())
     if sum(c["bytes"] for c in counts.values()) == 0:
@@ -152,6 +151,7 @@ def _write_shards(corpus: Corpus, inputs: list[str], tok, tokenizer: str, out_di
                                  f"more text or larger fractions (--val_fraction, --test_fraction)")
         raise UserInputError(f"of {total} documents none was drawn for {' and '.join(missing)}; give more documents "
                              f"(--text_unit paragraph or line cuts text files finer) or change the fractions")
+    progress.done(sum(w.tokens for w in writers.values()))
     splits = {s: {**counts[s], "tokens": writers[s].tokens, "shards": writers[s].shards}
               for s in SPLITS if writers[s].shards}
     meta = {
