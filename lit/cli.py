@@ -8,6 +8,7 @@ CLI serves every task. User mistakes end in one ``error:`` line and exit code 2,
 from __future__ import annotations
 
 import sys
+import warnings
 
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -22,6 +23,7 @@ import lit.data.text  # noqa: F401
 import lit.language_model  # noqa: F401
 from lit import sharded_build
 from lit.checkpoint_writing import install as install_whole_checkpoint_writer
+from lit import command_line_over_checkpoint
 from lit.checkpoints import check_fits, checkpoint_shapes
 from lit.errors import UserInputError, report
 from lit.preemption import Interrupted, PreemptionCheckpoints
@@ -104,13 +106,29 @@ class ArchLabCLI(LightningCLI):
         install_whole_checkpoint_writer(trainer)  # a full disk never leaves a truncated file under a checkpoint's name
         return trainer
 
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        # The arguments as typed, for the flags that win over a checkpoint's hyperparameters (_parse_ckpt_path).
+        self._typed_args = [str(a) for a in (sys.argv[1:] if args is None else args)] \
+            if not isinstance(args, dict) else []
+        with warnings.catch_warnings():
+            # cli.py passes the process's own arguments on purpose (lit/commands.py strips nothing but routes them):
+            # Lightning's warning about args given beside sys.argv would echo the whole command line twice.
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            super().parse_arguments(parser, args)
+
     def _parse_ckpt_path(self) -> None:
         # Lightning reads a --ckpt_path's hyperparameters before anything is built: a file that cannot be read
         # (truncated, foreign objects) must end in one line here rather than in a traceback.
         # Read once: the shapes are kept for the check against the model, once it is built.
         path = self._checkpoint_file()
         self._checkpoint_shapes = checkpoint_shapes(path) if path is not None else None
+        subcommand = self.config.get("subcommand")
+        typed = self.config[subcommand].clone() if subcommand else None
         super()._parse_ckpt_path()
+        if path is not None and typed is not None:
+            # Lightning parsed the checkpoint's hyperparameters over the command line; the user's flags win back.
+            self.config[subcommand] = command_line_over_checkpoint.apply(
+                typed, self.config[subcommand], self._typed_args, path)
 
     # Weights of another architecture are a one-line error before any setup, not a load_state_dict wall.
     def before_fit(self) -> None:

@@ -66,6 +66,8 @@ class LanguageModel(ArchitectureTask):
             batch, so that variants start identical in what they share; what ``cli.py sweep`` uses).
     """
 
+    ARCHITECTURE_OPTIONS = ("arch", "tie_embeddings")
+
     def __init__(self, vocab_size: int = 65, block_size: int = 256, arch: TransformerConfig = TransformerConfig(),
                  tie_embeddings: bool = False, lr: float = 1e-3, weight_decay: float = 0.1,
                  betas: tuple[float, float] = (0.9, 0.95), warmup_steps: int = 100, min_lr_ratio: float = 0.1,

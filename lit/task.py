@@ -51,6 +51,10 @@ class ArchitectureTask(L.LightningModule):
         diagnostics: what the diagnostics callback records and how often (``lit/diagnostics``).
     """
 
+    # The options that define the weights: with --ckpt_path, a command-line flag may not ask for another value of
+    # these than the checkpoint's (lit/command_line_over_checkpoint.py); every other flag wins over the checkpoint.
+    ARCHITECTURE_OPTIONS: tuple[str, ...] = ("arch",)
+
     def __init__(self, compile: bool = False, activation_checkpointing: bool = False, items: str = "samples",
                  diagnostics: DiagnosticsConfig | None = None):
         super().__init__()
