@@ -35,6 +35,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import Tensor
 
 from lit.errors import UserInputError
+from lit.tracking.batches import MAX_METRICS_PER_BATCH, batches
+from lit.tracking.checkpointed_metrics import lightning_logs_next
 from lit.tracking.names import EXPERIMENT_KIND, MEANT_FOR, RESUME_FROM, STOPPED_AT_STEP, STOPPED_BY, TRAINING_EXPERIMENT
 from lit.tracking.outbox import MetricOutbox, short_error
 from lit.tracking.params import describe_changes, flatten, log_params
@@ -43,7 +45,9 @@ from lit.tracking.ui import where_to_look
 from lit.tracking.uri import DEFAULT_TRACKING_URI, absolute_sqlite, resolve_tracking_uri, sqlite_creation_lock
 
 if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
     from mlflow import MlflowClient
+    from mlflow.entities import Metric
 
 ASYNC_BUFFERING = "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"
 UNSENT_METRICS = "unsent_metrics.jsonl"  # in the run's folder, beside checkpoints/, while the store is down
@@ -131,6 +135,9 @@ class MLflowLogger(MLFlowLogger):
         self.continued = False  # the run existed before this training (resume or explicit run_id)
         self.flush_timeout = flush_timeout
         self._outbox: MetricOutbox | None = None
+        self._checkpoint_since_send = False  # a checkpoint was written since the last metrics were put
+        self._in_store: set[tuple[str, int]] = set()  # (key, step) MLflow had at a resume, past the checkpoint
+        self._in_store_until = -1  # the last step in _in_store
         self._final_status: str | None = None  # KILLED when a signal stopped training (lit/preemption.py)
 
     @property
@@ -160,10 +167,7 @@ class MLflowLogger(MLFlowLogger):
     def _unsent_file(self) -> Path:
         return Path(self._local_dir) / str(self.experiment_id) / str(self.run_id) / UNSENT_METRICS
 
-    @rank_zero_only
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        if self._log_batch_kwargs.get("synchronous") is not False:
-            return super().log_metrics(metrics, step)
+    def _metric_batch(self, metrics: Mapping[str, float], step: int | None) -> list[Metric]:
         from mlflow.entities import Metric
 
         now, batch = int(time.time() * 1000), []
@@ -173,9 +177,66 @@ class MLflowLogger(MLFlowLogger):
                 continue
             # MLflow's allowed characters, as Lightning's logger does.
             batch.append(Metric(re.sub("[^a-zA-Z0-9_/. -]+", "", key), float(value), now, step or 0))
+        return batch
+
+    def _outbox_or_new(self) -> MetricOutbox:
         if self._outbox is None:
             self._outbox = MetricOutbox(self.experiment, self.run_id, self._unsent_file())
-        self._outbox.put(batch)
+        return self._outbox
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if self._log_batch_kwargs.get("synchronous") is not False and not self._in_store:
+            return super().log_metrics(metrics, step)
+        batch = self._metric_batch(metrics, step)
+        if self._in_store:  # a resumed training logs again the steps it trains again; MLflow keeps the first
+            batch = [m for m in batch if (m.key, m.step) not in self._in_store]
+            if (step or 0) > self._in_store_until:
+                self._in_store = set()  # past the steps MLflow had: nothing more to drop
+        if self._log_batch_kwargs.get("synchronous") is not False:
+            if batch:
+                self.experiment.log_batch(self.run_id, metrics=batch, **self._log_batch_kwargs)
+            return
+        outbox = self._outbox_or_new()
+        outbox.put(batch)
+        if self._checkpoint_since_send:
+            # What Lightning logs after a checkpoint's step (checkpointed_metrics.py) goes now, not within the second.
+            self._checkpoint_since_send = False
+            outbox.send_soon()
+
+    def unsent_metrics(self, trainer: Trainer) -> list[Metric]:
+        """What a checkpoint written now keeps (``checkpointed_metrics.py``): the values logged but not yet confirmed
+        sent, and those Lightning logs at the end of the current batch. Rank 0 only (the others log nothing)."""
+        self._checkpoint_since_send = True
+        unsent = self._outbox.unsent() if self._outbox is not None else []
+        upcoming = lightning_logs_next(trainer)
+        if upcoming is not None:
+            unsent += self._metric_batch(*upcoming)
+        return unsent
+
+    @rank_zero_only
+    def restore_unsent(self, unsent: list[Metric], resume_step: int) -> None:
+        """Log the values a checkpoint kept that MLflow does not have (a SIGKILL came before they were sent), and
+        drop, from now on, the values of the steps from ``resume_step`` on that it has (sent before the kill, now
+        trained and logged again): each step once."""
+        client = self.experiment
+        try:
+            keys = set(client.get_run(self.run_id).data.metrics) | {m.key for m in unsent}
+            stored = {(key, m.step) for key in keys for m in client.get_metric_history(self.run_id, key)}
+        except Exception as exc:  # the store is away: nothing is lost, a step may be logged twice
+            warn(f"could not read the metric history of MLflow run {self.run_id} ({short_error(exc)}); the "
+                 f"{len(unsent)} values its checkpoint kept are logged again as they are")
+            stored = set()
+        self._in_store = {(key, step) for key, step in stored if step >= resume_step}
+        self._in_store_until = max((step for _, step in self._in_store), default=-1)
+        missing = [m for m in unsent if (m.key, m.step) not in stored]
+        if not missing:
+            return
+        if self._log_batch_kwargs.get("synchronous") is not False:
+            for part in batches(missing, MAX_METRICS_PER_BATCH):
+                client.log_batch(self.run_id, metrics=part, **self._log_batch_kwargs)
+        else:
+            self._outbox_or_new().put(missing)
 
     @rank_zero_only
     def mark_interrupted(self, signal_name: str, step: int, checkpoint: str) -> None:

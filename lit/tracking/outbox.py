@@ -5,7 +5,9 @@ tracking server that went away for a minute silently cost that minute of metrics
 every value until a send succeeds:
 
 - ``put`` only appends (a training step never waits for the store); a thread sends what is pending
-  once per ``interval`` as few ``log_batch`` requests as MLflow allows (one per second, as before).
+  once per ``interval`` as few ``log_batch`` requests as MLflow allows (one per second, as before), or at once
+  after ``send_soon``.
+- ``unsent`` is what a checkpoint keeps (``checkpointed_metrics.py``): a SIGKILL loses the outbox, not them.
 - A failed send leaves everything pending, says so once, retries every ``retry_interval`` and says
   when the store is back. While it is down, the pending values are also written to ``journal`` (a
   local JSON-lines file), so a process killed during the outage loses nothing either.
@@ -64,9 +66,20 @@ class MetricOutbox:
         with self._lock:
             return len(self._pending)
 
+    def unsent(self) -> list[Metric]:
+        """The values not yet confirmed sent (those being sent now included)."""
+        with self._lock:
+            return list(self._pending)
+
+    def send_soon(self) -> None:
+        """Send now rather than at the end of the interval, without waiting for it (nor during an outage)."""
+        if self.down_since is None:
+            self._wake.set()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._stop.wait(self.retry_interval if self.down_since is not None else self.interval)
+            self._wake.wait(self.retry_interval if self.down_since is not None else self.interval)
+            self._wake.clear()
             if not self._stop.is_set():
                 self.send()
 
@@ -101,6 +114,7 @@ class MetricOutbox:
         Returns how many values could not be sent: they are in ``journal``, with ``status``.
         """
         self._stop.set()
+        self._wake.set()
         self._thread.join()
         deadline = time.time() + timeout
         while not self.send() and time.time() < deadline:

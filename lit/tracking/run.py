@@ -5,7 +5,9 @@ Lightning's MLflow logger creates its run on global rank 0 only (``experiment`` 
 checkpoint folder, write it into checkpoints or log system metrics of their node into it. And a
 resumed training (``fit --ckpt_path``) starts a new run, because the run is created when fit sets up,
 before Lightning reads the checkpoint. ``MLflowRun`` shares rank 0's run with every rank and writes
-it into every checkpoint; ``continue_checkpoint_run`` makes the logger reuse it before fit starts.
+it into every checkpoint; ``continue_checkpoint_run`` makes the logger reuse it before fit starts. Each
+checkpoint also keeps the metrics not yet sent, logged on resume if MLflow lacks them
+(``checkpointed_metrics.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lit.checkpoints import SHARDED_METADATA
 from lit.errors import UserInputError
 from lit.init_from import load_weights_only
+from lit.tracking.checkpointed_metrics import pack, unpack
 from lit.tracking.logger import MLflowLogger, warn
 
 CHECKPOINT_KEY = "mlflow"  # {"run_id", "experiment_id", "tracking_uri"} in every checkpoint
+UNSENT_KEY = "unsent_metrics"  # inside it, on rank 0: the metrics not yet sent (checkpointed_metrics.py)
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,20 @@ class MLflowRun(Callback):
         if logger is not None and logger.run_id is not None:
             checkpoint[CHECKPOINT_KEY] = {"run_id": logger.run_id, "experiment_id": logger.experiment_id,
                                           "tracking_uri": logger.tracking_uri}
+            if trainer.is_global_zero:  # the only process that logs metrics; it writes the checkpoint's metadata
+                # The first step the resumed training logs: a checkpoint holds global_step optimizer steps.
+                checkpoint[CHECKPOINT_KEY][UNSENT_KEY] = pack(logger.unsent_metrics(trainer), trainer.global_step)
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        logger = mlflow_logger(trainer)
+        stored = checkpoint.get(CHECKPOINT_KEY)
+        if logger is None or not isinstance(stored, dict) or UNSENT_KEY not in stored or not trainer.is_global_zero:
+            return
+        if trainer.state.fn != "fit":  # validating or testing a checkpoint resumes no training
+            return
+        if stored.get("run_id") != logger.run_id:  # logging to another run (the user's run_id, or a new one)
+            return
+        logger.restore_unsent(*unpack(stored[UNSENT_KEY]))
 
 
 def mlflow_logger(trainer: Trainer) -> MLflowLogger | None:
