@@ -159,3 +159,24 @@ def test_no_sync_in_a_training_step_of_the_batch_statistic_norms(tmp_path, norm,
         counter._uninstall()
     assert counter.events == []
     assert all(int(b) == 4 for name, b in model.named_buffers() if name.endswith("iters"))  # four steps ran
+
+
+def test_no_sync_on_a_step_that_logs_nothing_on_an_image_folder_with_normalising_on_the_device(workdir):
+    # The DeiT recipe's loader on real JPEGs: uint8 batches normalised and erased on the device
+    # (normalize_on_device), batch mixing, the skipped-image count. 53 training images after the 1% minival, batch 4:
+    # 13 steps, so the 12 steps are one epoch (Lightning resets its logged-metric states at an epoch's start, a
+    # host-to-device copy once per epoch, not per step).
+    from tests.conftest import make_image_folder
+
+    folder = make_image_folder(workdir / "imagenet", classes=("a", "b", "c"), per_class=18)
+    out = workdir / "syncs.json"
+    main(["fit", "--config", str(REPO / "recipes" / "vit_baseline.yaml"), f"--data.root={folder}",
+          "--model.variant=null", *TINY[:3], "--trainer.precision=32-true", "--data.batch_size=4",
+          "--data.num_workers=0", "--data.image_size=32", "--trainer.enable_model_summary=false",
+          "--trainer.enable_progress_bar=false", "--trainer.max_steps=12", "--trainer.max_epochs=-1",
+          "--trainer.log_every_n_steps=5", "--trainer.limit_val_batches=0", "--trainer.logger=false",
+          counting(out)])
+    events = json.loads(out.read_text())
+    noisy = {e["step"] for e in events if (e["step"] + 1) % 5 and e["step"] % DIAG_EVERY and e["step"] != 11}
+    assert not noisy, [e for e in events if e["step"] in noisy]
+    assert any((e["step"] + 1) % 5 == 0 for e in events)

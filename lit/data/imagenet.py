@@ -14,6 +14,9 @@ hand-written.
 The splits: a minival of ``minival_fraction`` of train (1%, big_vision's ``train[99%:]``), drawn once with a fixed
 seed whatever the run's seed, validates during training and is what sweeps tune on; ImageNet's val folder is the
 test split, which sweeps report on. ``minival_fraction: 0`` validates on the val folder and has no test split.
+
+An image that does not decode is skipped (another takes its place), named in a warning and counted
+(``data/skipped_images``), or stops the run in one line: ``lit/data/bad_images.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ from timm.data.random_erasing import RandomErasing
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.datasets import ImageFolder
 
+from lit.data.bad_images import (
+    DEFAULT_MAX_BAD_IMAGES,
+    BadImageLedger,
+    BadImagePolicy,
+    SkipUnreadable,
+    collate_with_skips,
+)
+from lit.data.image_decoding import decode_rgb
 from lit.data.image_shard_format import check_image_folder, is_shard_directory, read_meta
 from lit.data.images import ImageDataModule
 from lit.data.resumable import train_loader
@@ -60,6 +71,10 @@ class ImageFolderDataModule(ImageDataModule):
         color_jitter: colour jitter strength (timm ignores it when auto_augment is set).
         crop_pct: evaluation centre-crop fraction (resize to image_size / crop_pct, then crop).
         interpolation: resize interpolation.
+        on_bad_image: an image that does not decode is ``skip``ped (the split's next image takes its place; a warning
+            names the file once) or stops the run at once (``error``), in one line naming it.
+        max_bad_images: how many distinct files may fail to decode (per process, over the run) before a run that
+            skips them stops, in one line: more say the data set is damaged. timm skips up to 50 in a row.
         mixup, cutmix, mix_prob, label_smoothing, seed: see ``ImageDataModule``.
     """
 
@@ -67,7 +82,8 @@ class ImageFolderDataModule(ImageDataModule):
                  auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25,
                  re_mode: Literal["pixel", "rand", "const"] = "pixel", repeated_augmentation: int = 3,
                  minival_fraction: float = 0.01, normalize_on_device: bool = False, color_jitter: float = 0.3,
-                 crop_pct: float = 0.875, interpolation: str = "bicubic", mixup: float = 0.8, cutmix: float = 1.0,
+                 crop_pct: float = 0.875, interpolation: str = "bicubic", on_bad_image: BadImagePolicy = "skip",
+                 max_bad_images: int = DEFAULT_MAX_BAD_IMAGES, mixup: float = 0.8, cutmix: float = 1.0,
                  mix_prob: float = 1.0, label_smoothing: float = 0.1, seed: int | None = None):
         super().__init__(mixup, cutmix, mix_prob, label_smoothing, seed)
         if not (isinstance(repeated_augmentation, int) and repeated_augmentation >= 1):
@@ -86,6 +102,8 @@ class ImageFolderDataModule(ImageDataModule):
         self.has_test_split = minival_fraction > 0
         self.normalize_on_device = normalize_on_device
         self._eraser: RandomErasing | None = None
+        self._normalizer: tuple[torch.Tensor, torch.Tensor] | None = None  # mean and std, on the batches' device
+        self.bad_images = BadImageLedger(on_bad_image, max_bad_images)
         self.crop_pct, self.interpolation = crop_pct, interpolation
 
     @staticmethod
@@ -106,7 +124,8 @@ class ImageFolderDataModule(ImageDataModule):
         order, as the folder's: ``lit/data/sharded_images.py``)."""
         if self.sharded:
             return ShardedImages(self.root, split, transform)
-        return ImageFolder(str(self.root / split), transform=transform)
+        # torchvision's loader, whose decoding errors name the file (``lit/data/image_decoding.py``).
+        return ImageFolder(str(self.root / split), transform=transform, loader=decode_rgb)
 
     def setup(self, stage: str | None = None) -> None:
         # use_prefetcher: timm's transforms end at a uint8 tensor, without normalising or erasing.
@@ -127,6 +146,10 @@ class ImageFolderDataModule(ImageDataModule):
         self.val_set = Subset(self._split("train", eval_tf), held)
         self.test_set = self._split("val", eval_tf)
 
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        # On the host, before the move: the skipped images' names leave the batch here (``bad_images.py``).
+        return self.bad_images.take(batch)
+
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         if self.normalize_on_device:
             images, labels = batch
@@ -135,9 +158,14 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _normalize_and_erase(self, images: torch.Tensor) -> torch.Tensor:
         """timm's ``PrefetchLoader`` step: uint8 -> normalised float, then (training only) random erasing."""
-        shape = (1, 3, 1, 1)
-        mean = torch.tensor([255 * m for m in IMAGENET_DEFAULT_MEAN], device=images.device).view(shape)
-        std = torch.tensor([255 * s for s in IMAGENET_DEFAULT_STD], device=images.device).view(shape)
+        # Made once per device, not per batch: each torch.tensor(..., device=) is a host-to-device copy, which a GPU
+        # step would wait for (tests/test_syncs.py).
+        if self._normalizer is None or self._normalizer[0].device != images.device:
+            shape = (1, 3, 1, 1)
+            self._normalizer = (
+                torch.tensor([255 * m for m in IMAGENET_DEFAULT_MEAN], device=images.device).view(shape),
+                torch.tensor([255 * s for s in IMAGENET_DEFAULT_STD], device=images.device).view(shape))
+        mean, std = self._normalizer
         images = (images.float() - mean) / std
         trainer = getattr(self, "trainer", None)
         if self.re_prob > 0 and trainer is not None and trainer.training:
@@ -148,7 +176,10 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _loader_options(self) -> dict:
         return dict(num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
-                    persistent_workers=self.num_workers > 0)
+                    persistent_workers=self.num_workers > 0, collate_fn=collate_with_skips)
+
+    def _skipping(self, dataset: Dataset) -> SkipUnreadable:
+        return SkipUnreadable(dataset, self.bad_images.on_bad_image, self.bad_images.max_bad_images)
 
     def train_dataloader(self) -> DataLoader:
         # Full batches in training (batch mixing pairs images); a set smaller than one batch is one batch, of an
@@ -156,17 +187,17 @@ class ImageFolderDataModule(ImageDataModule):
         batch, n = self.batch_size, len(self.train_set)
         if n < batch:
             batch = n - n % 2 if (self.mixup > 0 or self.cutmix > 0) and n > 1 else n
-        return train_loader(self, self.train_set, batch, drop_last=True,
+        return train_loader(self, self._skipping(self.train_set), batch, drop_last=True,
                             repeats=self.repeated_augmentation, seeded_samples=True, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, **self._loader_options())
+        return DataLoader(self._skipping(self.val_set), batch_size=self.batch_size, **self._loader_options())
 
     def test_dataloader(self) -> DataLoader:
         if not self.has_test_split:
             raise UserInputError("--data.minival_fraction is 0: val/ is the validation split and there is no test "
                                  "split; validate instead, or hold out a minival (e.g. --data.minival_fraction=0.01)")
-        return DataLoader(self.test_set, batch_size=self.batch_size, **self._loader_options())
+        return DataLoader(self._skipping(self.test_set), batch_size=self.batch_size, **self._loader_options())
 
 
 def minival_split(n: int, fraction: float) -> tuple[list[int], list[int]]:

@@ -9,16 +9,15 @@ shard already open, where the folder path opens, reads and closes a file found b
 
 from __future__ import annotations
 
-import io
 import os
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 from torch.utils.data import Dataset
 
+from lit.data.image_decoding import decode_rgb
 from lit.data.image_shard_format import read_index, read_meta
 
 # Shards a process keeps open at once (least recently used closed first): below the usual 1,024 descriptors, and
@@ -28,7 +27,8 @@ OPEN_SHARDS = 256
 
 class ShardedImages(Dataset):
     """``(image, label)`` of split ``split`` of the shards in ``root``, the image decoded to RGB (as ImageFolder's
-    loader does) and passed through ``transform``."""
+    loader does) and passed through ``transform``; ``UnreadableImage`` naming split, index and shard if it does not
+    decode."""
 
     def __init__(self, root: str | Path, split: str, transform: Callable | None = None):
         self.root, self.split, self.transform = Path(root), split, transform
@@ -61,7 +61,8 @@ class ShardedImages(Dataset):
 
     def __getitem__(self, index: int):
         data, label = self.read(index)
-        image = Image.open(io.BytesIO(data)).convert("RGB")
+        shard = self.shard_files[int(self.rows[index]["shard"])].name
+        image = decode_rgb(data, f"{self.split} image {index} of the shards in {self.root} ({shard})")
         return (self.transform(image) if self.transform is not None else image), label
 
     def _descriptor(self, shard: int) -> int:
