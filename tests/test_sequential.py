@@ -191,6 +191,30 @@ def test_the_planned_effect_is_found_as_planned_with_fewer_seeds():
     assert null_seeds < 0.8 * LOOKS[-1]  # and the futility rule spares seeds where there is nothing to find
 
 
+# docs/sequential.md (Futility, and the calibration's "same draws" rows): futility's E below the MDE costs power at
+# the MDE. Power without futility, and with E = MDE/2 and MDE/4 (m = 4, rho 0.5; 20,000 families, seed SEED).
+POWER_AT_THE_MDE = {None: 0.788, 0.5: 0.760, 0.25: 0.756}
+
+
+def test_futility_below_the_mde_costs_the_documented_power():
+    # statistics-review-4 F3, on draws the documented figures never saw (seed + 1): each row within 3 Monte-Carlo
+    # sds of its figure, and the cost (paired: the same draws with and without the rule) within 3 sds of the
+    # documented difference, whose own Monte-Carlo sd is as large (hence the sqrt(2)).
+    reps = 20_000  # 1.3 s a row
+    rows = {f: calibration.futility_below_the_mde(np.random.default_rng(calibration.SEED + 1), reps, f)
+            for f in POWER_AT_THE_MDE}
+    for fraction, documented in POWER_AT_THE_MDE.items():
+        rate = rows[fraction][0]
+        assert abs(rate.rate - documented) <= 3 * rate.standard_error, (fraction, rate, documented)
+    for fraction in (0.5, 0.25):
+        cost = rows[None][0].rate - rows[fraction][0].rate
+        documented = POWER_AT_THE_MDE[None] - POWER_AT_THE_MDE[fraction]
+        sd = math.sqrt(max(cost, 1e-3) / reps)  # paired indicators: the rule only removes finds, so cost is the share lost
+        assert abs(cost - documented) <= 3 * math.sqrt(2) * sd + 5e-4, (fraction, cost, documented)
+        assert rows[fraction][1] > 0.1 and rows[fraction][2] > 0.4  # futile stops, most with the estimate above E
+    assert rows[0.25][2] > rows[0.5][2]  # the smaller E, the more of its stops judge the estimate, not E
+
+
 def test_the_repeated_interval_excludes_0_exactly_when_the_look_decided():
     # Random families through the replay compare runs: every t-tested comparison's repeated CI at the boundary it
     # was tested against excludes 0 if and only if it was rejected (statistics-review-3, D5).

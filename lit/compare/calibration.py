@@ -197,28 +197,51 @@ def sequential_null_error(rng: np.random.Generator, reps: int, comparisons: int,
     return rate, float(decisions.pairs_used(plan).mean())
 
 
-def sequential_power(rng: np.random.Generator, reps: int, comparisons: int, plan: sequential.Plan,
-                     rho: float, futility: bool = True) -> tuple[float, float, Rate, float, float]:
-    """(effect, promised power, rate, futile share, mean seeds it ran): one variant shifted by the effect a fixed
-    design at the last look's seeds finds with 80% power at alpha / m (``--plan``'s promise for that many seeds),
-    the others null, the futility rule set at that effect (unless ``futility`` is False); the rate at which the
-    looks decide it in the right direction. Spending over looks and stopping for futility cost a little of the
-    promise."""
+def _at_the_mde(rng: np.random.Generator, reps: int, comparisons: int, plan: sequential.Plan, rho: float,
+                futility_at: float | None):
+    """(effect, promised power, the plan run, decisions, evidence, found in the right direction): one variant
+    shifted by the effect a fixed design at the last look's seeds finds with 80% power at alpha / m (``--plan``'s
+    promise for that many seeds), the others null, the futility rule's E at ``futility_at`` x that effect (None:
+    no futility rule)."""
     sd = math.sqrt(2 - 2 * rho)
     effect = stats.minimum_detectable_effect(sd, plan.looks[-1], plan.alpha / comparisons)
     promised = stats.power(effect, sd, plan.looks[-1], plan.alpha / comparisons)
     effects = np.zeros(comparisons)
     effects[0] = effect
-    planned = sequential.Plan(plan.looks, plan.alpha, plan.spending, effect if futility else None,
-                              plan.futility_power)
+    planned = sequential.Plan(plan.looks, plan.alpha, plan.spending,
+                              None if futility_at is None else futility_at * effect, plan.futility_power)
     decisions, found = sequential_family(rng, reps, comparisons, planned, rho, effects)
     rejected = decisions.state[:, 0] == sequential.REJECTED
     crossing = np.maximum(decisions.crossing[:, 0] - 1, 0)
     # The direction at the look whose statistic crossed: a rejection the wrong way is no find.
     right_way = found.direction[np.arange(reps), 0, crossing] > 0
+    return effect, promised, planned, decisions, found, Rate(float((rejected & right_way).mean()), reps)
+
+
+def sequential_power(rng: np.random.Generator, reps: int, comparisons: int, plan: sequential.Plan,
+                     rho: float, futility: bool = True) -> tuple[float, float, Rate, float, float]:
+    """(effect, promised power, rate, futile share, mean seeds it ran) at the planned effect (``_at_the_mde``),
+    the futility rule set at that effect unless ``futility`` is False: the rate at which the looks decide it in
+    the right direction. Spending over looks and stopping for futility cost a little of the promise."""
+    effect, promised, planned, decisions, _, rate = _at_the_mde(rng, reps, comparisons, plan, rho,
+                                                                1.0 if futility else None)
     futile = float((decisions.state[:, 0] == sequential.FUTILE).mean())
-    return (effect, promised, Rate(float((rejected & right_way).mean()), reps), futile,
-            float(decisions.pairs_used(planned)[:, 0].mean()))
+    return effect, promised, rate, futile, float(decisions.pairs_used(planned)[:, 0].mean())
+
+
+def futility_below_the_mde(rng: np.random.Generator, reps: int, fraction: float | None, comparisons: int = 4,
+                           rho: float = 0.5) -> tuple[Rate, float, float]:
+    """(power at the planned effect, futile share, the share of those futile stops whose |estimate| at the stopping
+    look was above E) with the futility rule's E at ``fraction`` of the planned effect (the MDE; None: no futility
+    rule, the reference on the same draws when the generator is seeded alike). The rule takes
+    the conditional power at max(E, |estimate|): an E below the MDE lets an estimate that fell below the MDE be
+    judged at its own size, so a smaller E stops more real effects (statistics-review-4 F3)."""
+    _, _, planned, decisions, found, rate = _at_the_mde(rng, reps, comparisons, sequential.Plan(
+        SEQUENTIAL_LOOKS, ALPHA), rho, fraction)
+    futile = decisions.state[:, 0] == sequential.FUTILE
+    at = np.maximum(decisions.look[:, 0] - 1, 0)
+    above = np.abs(found.mean[np.arange(len(at)), 0, at]) > (planned.effect_of_interest or math.inf)
+    return rate, float(futile.mean()), float((futile & above).sum() / max(futile.sum(), 1))
 
 
 NOISY_SD, QUIET_SD, EFFECT_OF_INTEREST = 0.0513, 0.0155, 0.03  # the leads: TokenFormer's paired sd, the others'
@@ -257,6 +280,76 @@ def single_comparison_error(rng: np.random.Generator, reps: int, looks: tuple[in
     for n, level in zip(looks, levels, strict=True):
         rejected |= stats.paired_t_p(differences[:, :n]) < level
     return Rate(float(rejected.mean()), reps)
+
+
+# The two-way interval over seeds x test examples (lit/compare/examples.py): the text suite's structure, from the
+# noise study (docs/seed-noise.md): 871 test windows, a paired seed sd of 0.015 and a per-seed test-set SE of the
+# paired difference of 0.0017, 80% of the examples' variance shared by every seed (the same window is hard for both).
+TEST_EXAMPLES, SEED_SD, TEST_SE, SHARED = 871, 0.015, 0.0017, 0.8
+_GRID_CHUNK = 250  # grids at once: 250 x 12 x 871 doubles is 21 MB
+
+
+def example_grids(rng: np.random.Generator, reps: int, seeds: int, examples: int = 100, seed_sd: float = SEED_SD,
+                  test_se: float = TEST_SE, shared: float = SHARED, ar: float = 0.0) -> np.ndarray:
+    """Null seeds x examples grids of paired differences, (reps, seeds, examples): a seed effect, a test-example
+    effect every seed shares (``shared`` of the examples' variance) and an interaction, the per-seed test-set SE
+    ``test_se`` were the examples independent. ``ar``: each example's effects (shared and interaction) follow an
+    AR(1) along the examples with this coefficient, as neighbouring windows of one text would; the two-way interval
+    assumes independent examples (ar 0)."""
+    example_sd = test_se * np.sqrt(examples)
+    seed_effect = rng.normal(0, seed_sd, (reps, seeds, 1))
+    common = rng.normal(0, example_sd * np.sqrt(shared), (reps, 1, examples))
+    own = rng.normal(0, example_sd * np.sqrt(1 - shared), (reps, seeds, examples))
+    if ar:
+        from scipy import signal
+
+        def correlated(x: np.ndarray) -> np.ndarray:  # stationary AR(1) with x's marginal variance
+            x = x.copy()
+            x[..., 0] /= math.sqrt(1 - ar ** 2)
+            return signal.lfilter([math.sqrt(1 - ar ** 2)], [1, -ar], x, axis=-1)
+
+        common, own = correlated(common), correlated(own)
+    return seed_effect + common + own
+
+
+def two_way_coverage(rng: np.random.Generator, reps: int, seeds: int, confidence: float,
+                     **grid: float) -> tuple[Rate, float, float]:
+    """(coverage of 0 by the two-way interval on null grids, its mean width over the seed-only t interval's, the
+    share of grids where it is the seed-only interval: the "never narrower" guard decided its width)."""
+    from scipy import stats as scipy_stats
+
+    from lit.compare import examples
+
+    covered = widths = guarded = 0.0
+    for start in range(0, reps, _GRID_CHUNK):
+        d = example_grids(rng, min(_GRID_CHUNK, reps - start), seeds, **grid)
+        low, high = examples.two_way_intervals(d, confidence)
+        _, se, df = examples.two_way_standard_error(d)
+        tail = (1 - confidence) / 2
+        seed_only = scipy_stats.t.isf(tail, seeds - 1) * d.mean(axis=-1).std(axis=-1, ddof=1) / math.sqrt(seeds)
+        covered += float(((low <= 0) & (0 <= high)).sum())
+        widths += float(((high - low) / 2 / seed_only).sum())
+        guarded += float((scipy_stats.t.isf(tail, df) * se <= seed_only).sum())
+    return Rate(covered / reps, reps), widths / reps, guarded / reps
+
+
+def two_way_report(seed: int = SEED, reps: int = 4_000) -> str:
+    """The two-way interval's figures, as the Markdown table docs/comparing-statistics.md shows."""
+    rng = np.random.default_rng(seed)
+    lines = [f"Simulation seed {seed}, {reps:,} null grids per row, {TEST_EXAMPLES} test examples, paired seed sd "
+             f"{SEED_SD}, per-seed test-set SE {TEST_SE} ({SHARED:.0%} of the examples' variance shared by every seed) "
+             "unless a row says otherwise; ± is one Monte-Carlo standard error.", "",
+             "| seeds | level | examples | covers | width / seed-only | = seed-only interval |", "|---|---|---|---|---|---|"]
+    rows = [(6, 1 - ALPHA / 24, {}, "independent"), (6, 1 - ALPHA, {}, "independent"),
+            (10, 1 - ALPHA / 2, {}, "independent"), (12, 1 - ALPHA / 4, {}, "independent"),
+            (10, 1 - ALPHA, {"seed_sd": 0.002, "test_se": 0.004}, "independent, test-set SE 2 × the seed sd"),
+            (6, 1 - ALPHA, {"seed_sd": TEST_SE, "ar": 0.5}, "AR(1) 0.5 along the windows, seed sd = test-set SE"),
+            (10, 1 - ALPHA, {"seed_sd": TEST_SE, "ar": 0.5}, "AR(1) 0.5 along the windows, seed sd = test-set SE")]
+    for seeds, level, grid, what in rows:
+        rate, width, guarded = two_way_coverage(rng, reps, seeds, level, examples=TEST_EXAMPLES, **grid)
+        lines.append(f"| {seeds} | {level:.2%} | {what} | {rate.rate:.3f} ± {rate.standard_error:.3f} | {width:.2f} | "
+                     f"{guarded:.0%} |")
+    return "\n".join(lines)
 
 
 def sequential_report(seed: int = SEED, reps: int = 20_000) -> str:
@@ -308,6 +401,16 @@ def sequential_report(seed: int = SEED, reps: int = 20_000) -> str:
     rate, seeds = sequential_null_error(rng, reps, 4, futile_plan, 0.5)
     lines.append(f"| false verdict, any (null), futility at the planned effect | m=4, rho=+0.50 | {rate.rate:.4f} ± "
                  f"{rate.standard_error:.4f} | ≤ {ALPHA} | {seeds:.2f} |")
+    # Futility's E below the planned effect, on the same draws as each other (a fresh generator of the same seed):
+    # the difference between the rows is the rule's cost, with less Monte-Carlo error than each row's own.
+    planned_effect = stats.minimum_detectable_effect(1.0, SEQUENTIAL_LOOKS[-1], ALPHA / 4)  # rho 0.5: sd 1
+    for fraction in (None, 1.0, 0.5, 0.25):
+        rate, futile, above = futility_below_the_mde(np.random.default_rng(seed), reps, fraction)
+        e = "no futility" if fraction is None else f"futility at E = {fraction:g} × it"
+        lines.append(f"| power at the planned effect ({planned_effect:.3g} σ_run), {e}, same draws | m=4, rho=+0.50 | "
+                     f"{rate.rate:.4f} ± {rate.standard_error:.4f} (futile {futile:.3f}"
+                     + ("" if fraction is None else f", {above:.0%} of them with \\|estimate\\| > E")
+                     + ") | 0.80 (fixed, 12 seeds) | — |")
     for multiple in (2, 3):  # unequal sds: one E for a noisy comparison among quiet ones (statistics-review-3 D2)
         rate, futile, first = sequential_unequal_sd_power(rng, reps, multiple)
         lines.append(f"| decided, true effect {multiple}E (E = {EFFECT_OF_INTEREST}) on a comparison of sd "
@@ -369,8 +472,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=20_000)
     parser.add_argument("--sequential", action="store_true",
                         help="the sequential design's figures (docs/sequential.md) instead of the fixed design's")
+    parser.add_argument("--two_way", action="store_true",
+                        help="the interval over seeds x test examples (docs/comparing-statistics.md; --reps 4000)")
     args = parser.parse_args(argv)
-    print(sequential_report(args.seed, args.reps) if args.sequential else report(args.seed, args.reps))
+    print(sequential_report(args.seed, args.reps) if args.sequential
+          else two_way_report(args.seed, args.reps) if args.two_way else report(args.seed, args.reps))
 
 
 if __name__ == "__main__":

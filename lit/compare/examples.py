@@ -10,9 +10,11 @@ on that standard error, with Satterthwaite's degrees of freedom (S - 1 when seed
 
 An earlier percentile bootstrap over seeds and examples was called wide; it was about half the seed-only width
 at 6 seeds (normal quantiles on a variance shrunk by (S - 1) / S) and covered 86.7% at a nominal 95%. This one is
-checked by simulation at 6, 10 and 12 seeds at the levels reports use (tests/test_compare_examples.py; the figures
-in docs/comparing-statistics.md). It is never narrower than the seed-only t interval at the same level. Verdicts
-stay on the seed-only test, declared before the runs.
+checked by simulation at 6, 10 and 12 seeds at the levels reports use (``python -m lit.compare.calibration
+--two_way``, the figures in docs/comparing-statistics.md; tests/test_compare_examples.py). It is never narrower
+than the seed-only t interval at the same level, so at 6 seeds of the text suite it is that interval in most grids.
+It assumes independent test examples: correlated ones (neighbouring windows of one text) make it too narrow.
+Verdicts stay on the seed-only test, declared before the runs.
 """
 
 from __future__ import annotations

@@ -324,10 +324,12 @@ def _against_baseline(a: Analysis, d: int) -> str:
     if two_way:
         method += (" *CI, seeds × test examples* is the same level's interval for another draw of seeds and of a test "
                    "set of the same size (each run's per-example results, `test_examples.npz`: a t interval on the "
-                   "two-way standard error of the seeds × examples grid, never narrower than the seed-only one): "
+                   "two-way standard error of the seeds × examples grid, never narrower than the seed-only one, so "
+                   "at few seeds, or wherever the seeds dominate, it is the seed-only interval by construction): "
                    "the seed-only verdict holds for this test split, and this interval shows how far it would "
-                   "carry to another test set of the same size. Verdicts rest on the seed-only tests, declared "
-                   "before the runs.")
+                   "carry to another test set of the same size if the test examples are independent draws "
+                   "(correlated ones, such as neighbouring windows of one text, make it too narrow; "
+                   "docs/comparing-statistics.md). Verdicts rest on the seed-only tests, declared before the runs.")
     fixed = " (fixed-sample, not the decision)" if a.sequential is not None else ""
     header = ["variant", "paired seeds", "per-seed difference", "mean difference",
               "CI (fixed-sample, not the decision)" if fixed else "CI (Holm)"]
