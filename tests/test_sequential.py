@@ -209,7 +209,7 @@ def test_futility_below_the_mde_costs_the_documented_power():
     for fraction in (0.5, 0.25):
         cost = rows[None][0].rate - rows[fraction][0].rate
         documented = POWER_AT_THE_MDE[None] - POWER_AT_THE_MDE[fraction]
-        sd = math.sqrt(max(cost, 1e-3) / reps)  # paired indicators: the rule only removes finds, so cost is the share lost
+        sd = math.sqrt(max(cost, 1e-3) / reps)  # paired: the rule only removes finds, so cost is the share lost
         assert abs(cost - documented) <= 3 * math.sqrt(2) * sd + 5e-4, (fraction, cost, documented)
         assert rows[fraction][1] > 0.1 and rows[fraction][2] > 0.4  # futile stops, most with the estimate above E
     assert rows[0.25][2] > rows[0.5][2]  # the smaller E, the more of its stops judge the estimate, not E

@@ -339,7 +339,8 @@ def two_way_report(seed: int = SEED, reps: int = 4_000) -> str:
     lines = [f"Simulation seed {seed}, {reps:,} null grids per row, {TEST_EXAMPLES} test examples, paired seed sd "
              f"{SEED_SD}, per-seed test-set SE {TEST_SE} ({SHARED:.0%} of the examples' variance shared by every seed) "
              "unless a row says otherwise; ± is one Monte-Carlo standard error.", "",
-             "| seeds | level | examples | covers | width / seed-only | = seed-only interval |", "|---|---|---|---|---|---|"]
+             "| seeds | level | examples | covers | width / seed-only | = seed-only interval |",
+             "|---|---|---|---|---|---|"]
     rows = [(6, 1 - ALPHA / 24, {}, "independent"), (6, 1 - ALPHA, {}, "independent"),
             (10, 1 - ALPHA / 2, {}, "independent"), (12, 1 - ALPHA / 4, {}, "independent"),
             (10, 1 - ALPHA, {"seed_sd": 0.002, "test_se": 0.004}, "independent, test-set SE 2 × the seed sd"),

@@ -124,8 +124,8 @@ def render(result: SequentialResult, notes: list[str], digits: int = 3) -> str:
              f"seeds; the baseline runs what an open one needs. {result.looks_done} of {plan.count} looks recorded "
              "under the parent run (`looks/look_<k>.json`); the verdicts above are the replay of those looks from "
              "the runs.", ""]
-    header = ["look", "paired seeds", "α spent (the family's)", f"boundary at α/{m} (nominal p)", "\\|t\\| needed", "decided here",
-              "open after"]
+    header = ["look", "paired seeds", "α spent (the family's)", f"boundary at α/{m} (nominal p)", "\\|t\\| needed",
+              "decided here", "open after"]
     rows = []
     for k in range(1, result.looks_done + 1):
         n = plan.looks[k - 1]
