@@ -25,6 +25,7 @@ from lit import sharded_build
 from lit.checkpoint_writing import install as install_whole_checkpoint_writer
 from lit import command_line_over_checkpoint
 from lit.checkpoints import check_fits, checkpoint_shapes
+from lit.data import tokenizer_record
 from lit.errors import UserInputError, report
 from lit.preemption import Interrupted, PreemptionCheckpoints
 from lit.tracking.config_log import LogConfigToMLflow
@@ -89,6 +90,9 @@ class ArchLabCLI(LightningCLI):
         parser.set_defaults({"checkpoint.save_last": True})
         # SIGTERM / SIGUSR1 / Ctrl-C save last.ckpt and stop; last.ckpt is refreshed every few minutes too.
         parser.add_lightning_class_args(PreemptionCheckpoints, "preemption")
+        parser.add_argument("--force", type=bool, default=False,
+                            help="with --ckpt_path: read the model with data of another tokenizer than the one it "
+                                 "was trained with (refused otherwise), saying so")
 
     def before_instantiate_classes(self) -> None:
         # The model is built before the trainer and its strategy: whether the processes other than rank 0 may build
@@ -151,7 +155,12 @@ class ArchLabCLI(LightningCLI):
 
     def _check_checkpoint(self) -> None:
         if self._checkpoint_shapes is not None:
-            check_fits(self._checkpoint_file(), self._checkpoint_shapes, self.model)
+            path = self._checkpoint_file()
+            check_fits(path, self._checkpoint_shapes, self.model)
+            if hasattr(self.datamodule, "tokenizer_record"):  # a language model and its token ids
+                force = bool(self.config[self.config["subcommand"]].get("force"))
+                tokenizer_record.check(tokenizer_record.recorded(path), self.datamodule.tokenizer_record(), path,
+                                       force=force)
 
     def _checkpoint_file(self) -> str | None:
         """The --ckpt_path of this subcommand, unless it is a name Lightning resolves itself."""

@@ -11,6 +11,7 @@ from torchmetrics.text import Perplexity
 
 from lit.bits_per_byte import BitsPerByte
 from lit.compute import gpt_flops_per_token
+from lit.data import tokenizer_record
 from lit.diagnostics import DiagnosticsConfig
 from lit.errors import UserInputError
 from lit.init_from import Growth, load_initial_weights
@@ -158,6 +159,17 @@ class LanguageModel(ArchitectureTask):
         if cached is None or cached.device != self.device or cached.shape != table.shape:
             self._token_bytes_on_device = cached = torch.as_tensor(table, dtype=torch.long).to(self.device)
         return cached
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        # The model carries the tokenizer its token ids mean (lit/data/tokenizer_record.py): evaluation, lm-eval
+        # and export-hf check it before they read the model with another.
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if hasattr(datamodule, "tokenizer_record"):
+            if not hasattr(self, "_tokenizer_record"):
+                self._tokenizer_record = datamodule.tokenizer_record()
+            if self._tokenizer_record is not None:
+                checkpoint[tokenizer_record.CHECKPOINT_KEY] = self._tokenizer_record
 
     def predict_step(self, batch: torch.Tensor, batch_idx: int) -> list[str]:
         hp = self.hparams

@@ -168,15 +168,30 @@ class TextDataModule(L.LightningDataModule):
         from lit.data.fingerprint import shard_record, text_record
 
         if self.shards_dir is not None:
-            meta = read_meta(Path(self.shards_dir))
-            tokenizer = self.tokenizer_file or meta.get("tokenizer")
-            sha = meta.get("tokenizer_sha256")
-            if sha is None and tokenizer and Path(tokenizer).is_file():
-                from lit.data.token_bytes import file_sha256
+            record = self.tokenizer_record()
+            return shard_record(self.shards_dir, read_meta(Path(self.shards_dir)), record and record["sha256"])
+        return text_record(self.text, self._text_source())
 
-                sha = file_sha256(tokenizer)
-            return shard_record(self.shards_dir, meta, sha)
-        return text_record(self.text, self.text_file or f"lit/data/{EMBEDDED_CORPUS}.txt")
+    def tokenizer_record(self) -> dict | None:
+        """Which tokenizer gives these token ids (lit/data/tokenizer_record.py): the shards' (``--data.tokenizer``,
+        else the one meta.json names, with its recorded SHA-256), or the text's character vocabulary; None for
+        shards whose tokenizer nobody named."""
+        from lit.data import tokenizer_record
+
+        if self.shards_dir is None:
+            return tokenizer_record.of_characters(self.tokenizer.chars, self._text_source())
+        meta = read_meta(Path(self.shards_dir))
+        path = self.tokenizer_file or meta.get("tokenizer")
+        if path is None:
+            return None
+        # A --data.tokenizer was checked against meta.json's SHA-256 when the data module was built.
+        sha = meta.get("tokenizer_sha256")
+        if sha is None and not Path(path).is_file():
+            return None
+        return tokenizer_record.of_tokenizer_file(path, sha)
+
+    def _text_source(self) -> str:
+        return self.text_file or f"lit/data/{EMBEDDED_CORPUS}.txt"
 
     def _split_index(self, n_tokens: int) -> int:
         """Where the validation split starts: the last ``val_fraction`` of the tokens (one token per character)."""
