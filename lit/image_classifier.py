@@ -23,6 +23,7 @@ from lit.diagnostics import DiagnosticsConfig
 from lit.errors import UserInputError
 from lit.init_from import Growth, load_initial_weights
 from lit.layer_decay import declare_layer_decay
+from lit.log_steps import is_log_step
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import VIT_ARCH, ViT, with_variant
 from lit.optim import select_optimizer, with_installed_optimizers
@@ -104,6 +105,7 @@ class ImageClassifier(ArchitectureTask):
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
         # The EMA is built in setup (after init_from, before compile or sharding wrap the model) and kept out of
         # this module's registered children (``__dict__``): the optimizer, the role table, parameter counts,
         # ``init_from`` and the weights a checkpoint's ``state_dict`` holds stay the raw model's alone; the EMA
@@ -113,6 +115,7 @@ class ImageClassifier(ArchitectureTask):
             self.val_ema_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
             self.val_ema_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
             self.test_ema_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+            self.test_ema_acc5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(images)
@@ -130,7 +133,29 @@ class ImageClassifier(ArchitectureTask):
         # The batch's top-1 accuracy as a device tensor, not through a torchmetrics object: one resets its state from
         # host defaults at every call, a host-to-device copy per step (tests/test_syncs.py).
         self.log("train/acc", (logits.argmax(dim=-1) == labels).float().mean())
+        if is_log_step(self.trainer):
+            self._log_skipped_images()
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        super().on_train_epoch_end()
+        self._log_skipped_images()  # the epoch's last skips, after its last log step
+
+    def on_test_epoch_end(self) -> None:
+        super().on_test_epoch_end()
+        self._log_skipped_images()
+
+    def _log_skipped_images(self) -> None:
+        """``data/skipped_images``: image loads skipped because the file did not decode, so far in this run (every
+        split; ``lit/data/bad_images.py``), summed over processes. A host count; only the sum across processes
+        touches the device, and only at log steps and epoch ends, which all processes reach together."""
+        ledger = getattr(self.trainer.datamodule, "bad_images", None) if self.trainer.datamodule is not None else None
+        if ledger is None:
+            return
+        count = float(ledger.skipped)
+        if self.trainer.world_size > 1:
+            count = float(self.trainer.strategy.reduce(torch.tensor(count, device=self.device), reduce_op="sum"))
+        self._log_host("data/skipped_images", count)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         images, labels = batch
@@ -155,12 +180,16 @@ class ImageClassifier(ArchitectureTask):
                                   acc1=(logits.argmax(-1) == labels).float())
         self.log("test/loss", F.cross_entropy(logits.float(), labels), sync_dist=True)
         self.test_acc1(logits, labels)
+        self.test_acc5(logits, labels)
         self.log("test/acc1", self.test_acc1)
+        self.log("test/acc5", self.test_acc5)
         if self.ema is not None:
             ema_logits = self._ema_on(images.device)(images)
             self.log("test_ema/loss", F.cross_entropy(ema_logits.float(), labels), sync_dist=True)
             self.test_ema_acc1(ema_logits, labels)
+            self.test_ema_acc5(ema_logits, labels)
             self.log("test_ema/acc1", self.test_ema_acc1)
+            self.log("test_ema/acc5", self.test_ema_acc5)
 
     # --- the EMA of the weights -------------------------------------------------------------------------------
 

@@ -142,3 +142,33 @@ def test_a_mid_epoch_resume_with_normalising_and_erasing_on_the_device_is_bit_id
     fit(tmp_path / "whole")
     fit(tmp_path / "resumed", ckpt_path=str(tmp_path / "whole" / "step=5.ckpt"))  # one batch into epoch 2
     assert_same_weights_and_ema(tmp_path / "whole" / "step=6.ckpt", tmp_path / "resumed" / "step=6.ckpt")
+
+
+@pytest.mark.parametrize("num_classes, k", [(10, 5), (3, 3)])
+def test_test_logs_top5_beside_top1_and_top_k_of_the_classes_below_five(num_classes, k):
+    # DeiT and timm report Acc@5 on val/, the test split here; with fewer than 5 classes it is top-k, k = the
+    # class count (so 1.0), as val/acc5 is. The reference is computed from the same model's logits, here.
+    import dataclasses
+
+    import lightning as L
+    from torch.utils.data import TensorDataset
+
+    from lit.diagnostics import DiagnosticsConfig
+    from lit.image_classifier import ImageClassifier
+    from lit.models.vit import VIT_ARCH
+
+    L.seed_everything(0)
+    arch = dataclasses.replace(VIT_ARCH, d_model=16, n_layers=1, n_heads=2)
+    module = ImageClassifier(num_classes=num_classes, image_size=8, patch_size=4, arch=arch, ema_decay=0.9,
+                             diagnostics=DiagnosticsConfig(interval=0))
+    images, labels = torch.randn(40, 3, 8, 8), torch.randint(0, num_classes, (40,))
+    data = L.LightningDataModule.from_datasets(test_dataset=TensorDataset(images, labels), batch_size=16)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    metrics = trainer.test(module, datamodule=data, verbose=False)[0]
+    module.eval()
+    with torch.no_grad():
+        logits = module(images)
+    top = logits.topk(k, dim=-1).indices
+    assert metrics["test/acc5"] == pytest.approx((top == labels[:, None]).any(-1).float().mean().item(), abs=1e-6)
+    assert metrics["test/acc1"] == pytest.approx((top[:, 0] == labels).float().mean().item(), abs=1e-6)
+    assert "test_ema/acc5" in metrics and (k < num_classes or metrics["test/acc5"] == 1.0)

@@ -71,3 +71,39 @@ def test_bad_geometry_is_a_clear_error():
         ViT(10, 30, 4, 3, VIT_ARCH)
     with pytest.raises(ValueError, match="arch.positions"):
         ViT(10, 32, 4, 3, dataclasses.replace(VIT_ARCH, positions="learned"))
+
+
+@pytest.mark.parametrize("recipe", ["vit_baseline", "vit_tokenformer", "vit_finetune_deit_s"])
+def test_the_deit_recipes_do_not_decay_the_class_token_or_the_positions(recipe):
+    # DeiT (timm's create_optimizer with no_weight_decay()), timm, MAE and mmpretrain leave pos_embed and cls_token
+    # undecayed; the ViT declares it (arch_plugins.declarations), so the optimizer built from the recipe, with its
+    # own options (layer decay in the fine-tuning recipe), has them at 0 and the matrices at the recipe's decay.
+    import yaml
+
+    from lit.image_classifier import ImageClassifier
+    from lit.models.transformer import TransformerConfig
+    from lit.optim import select_optimizer
+    from tests.conftest import REPO
+
+    args = yaml.safe_load((REPO / "recipes" / f"{recipe}.yaml").read_text())["model"]["init_args"]
+    args.update(arch=TransformerConfig(**{**args["arch"], "d_model": 32, "n_layers": 2, "n_heads": 2}), variant=None,
+                init_from=None, image_size=32)
+    task = ImageClassifier(**args)
+    built = select_optimizer(args.get("optimizer", "adamw"), args.get("optimizer_options")).build(
+        task, lr=1e-3, weight_decay=args["weight_decay"], betas=tuple(args["betas"]))
+    decay = {id(p): group["weight_decay"] for group in built.param_groups for p in group["params"]}
+    named = dict(task.named_parameters())
+    assert decay[id(named["model.cls_token"])] == decay[id(named["model.pos_embed"])] == 0.0
+    assert args["weight_decay"] > 0
+    for name in ("model.patch.weight", "model.head.weight"):
+        assert decay[id(named[name])] == pytest.approx(args["weight_decay"])
+
+
+def test_the_vit_declares_no_decay_only_for_what_it_learns():
+    from arch_plugins.declarations import decays
+
+    arch = dataclasses.replace(VIT_ARCH, d_model=32, n_layers=1, n_heads=2)
+    learned, fixed = ViT(5, 16, 4, 3, arch), ViT(5, 16, 4, 3, arch, pooling="mean", pos_embed="sincos")
+    assert not decays(learned)[id(learned.cls_token)] and not decays(learned)[id(learned.pos_embed)]
+    assert decays(learned)[id(learned.patch.weight)]
+    assert all(decays(fixed)[id(p)] == (p.dim() >= 2) for p in fixed.parameters())  # no token, no learned table

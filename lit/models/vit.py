@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from arch_plugins.declarations import declare_roles
+from arch_plugins.declarations import declare_roles, declare_weight_decay
 from arch_plugins.interfaces import Role, Site
 from lit.errors import ArchitectureError
 from lit.models.transformer import TransformerConfig, TransformerStack
@@ -82,6 +82,11 @@ class ViT(nn.Module):
         self.logits = self.stack.site(Site.LOGITS, num_classes)
         declare_roles(self.patch, {"weight": Role.EMBEDDING, "bias": Role.BIAS})
         declare_roles(self, {"cls_token": Role.CLS_TOKEN, "pos_embed": Role.POSITION})  # a sincos table is a buffer
+        # Neither decays, as in timm (``VisionTransformer.no_weight_decay``), DeiT, MAE and mmpretrain: decay would
+        # pull the class token and the positions towards zero, which is no prior for either.
+        for name in ("cls_token", "pos_embed"):
+            if isinstance(getattr(self, name), nn.Parameter):
+                declare_weight_decay(self, name, False)
         declare_roles(self.head, {"weight": Role.HEAD, "bias": Role.BIAS})
         # The patch embedding writes d_model vectors (like a token embedding: dim 0 of the conv weight);
         # the head reads them (dim 1).
