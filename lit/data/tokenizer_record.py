@@ -43,8 +43,12 @@ def recorded(checkpoint: str | Path) -> dict | None:
         from lit.checkpoints import SHARDED_METADATA
 
         path = path / SHARDED_METADATA
-    loaded = load_weights_only(path)
-    record = loaded.get(CHECKPOINT_KEY) if isinstance(loaded, dict) else None
+    return in_checkpoint(load_weights_only(path))
+
+
+def in_checkpoint(checkpoint: object) -> dict | None:
+    """The tokenizer record of a loaded checkpoint dict, or None."""
+    record = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
     return record if isinstance(record, dict) and record.get("sha256") else None
 
 

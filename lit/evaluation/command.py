@@ -3,8 +3,10 @@
     python cli.py lm-eval CKPT --tasks hellaswag,arc_easy --tokenizer SHARDS_DIR_OR_TOKENIZER_JSON
     python cli.py lm-eval CKPT --tasks my_task --include-path tasks/ --config recipes/gpt_baseline.yaml
 
-A checkpoint holds no tokenizer: ``--tokenizer`` (a tokenizers JSON file, or the shards directory whose meta.json
-names it) or ``--config`` (the recipe it was trained with) says how text becomes its token ids. Tasks are lm-eval's
+A checkpoint records the tokenizer it was trained with (its SHA-256 and path): that file is used where it still is;
+``--tokenizer`` (a tokenizers JSON file, or the shards directory whose meta.json names it) or ``--config`` (the recipe
+it was trained with) names it elsewhere, and another tokenizer than the recorded one is refused (``--force`` scores
+with it anyway, saying so). Tasks are lm-eval's
 registered ones (their data come from the Hugging Face Hub, so they need it reachable or cached) or task YAMLs in
 ``--include-path``. Needs the ``eval`` extra (``pip install -e '.[eval]'``).
 """
@@ -26,7 +28,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("checkpoint", help="a LanguageModel checkpoint written by `cli.py fit` (any plugins)")
     parser.add_argument("--tasks", required=True, help="comma-separated lm-eval task names (e.g. hellaswag,arc_easy)")
     parser.add_argument("--tokenizer", default=None,
-                        help="a tokenizers JSON file, or a shards directory whose meta.json names it")
+                        help="a tokenizers JSON file, or a shards directory whose meta.json names it (default: the "
+                             "one the checkpoint records, where it was at training)")
     parser.add_argument("--config", default=None, help="the recipe the model was trained with (its data section)")
     parser.add_argument("--include-path", default=None, help="a folder of task YAMLs in lm-eval's format")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
@@ -34,6 +37,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
     parser.add_argument("--output", default=None, help="write lm-eval's results as JSON here")
+    parser.add_argument("--force", action="store_true",
+                        help="score with a tokenizer other than the one the checkpoint records (refused otherwise)")
     return parser.parse_args(argv)
 
 
@@ -67,14 +72,18 @@ def task_manager(include_path: str | None, names: list[str]):
     return manager
 
 
-def load_scorer(checkpoint: str, tokenizer: str | None, recipe: str | None, batch_size: int, device: str):
+def load_scorer(checkpoint: str, tokenizer: str | None, recipe: str | None, batch_size: int, device: str,
+                force: bool = False):
     """The checkpoint's model as a SequenceScorer, and the codec its text is read with (no lm-eval needed)."""
+    from lit.data import tokenizer_record
     from lit.evaluation.scoring import SequenceScorer
     from lit.evaluation.text_codec import resolve_codec
     from lit.procedures.checkpoint_io import read_trained_lm
 
     trained = read_trained_lm(checkpoint, "lm-eval")
-    codec = resolve_codec(int(trained.hparams["vocab_size"]), tokenizer, recipe)
+    codec = resolve_codec(int(trained.hparams["vocab_size"]), tokenizer, recipe,
+                          trained=tokenizer_record.in_checkpoint(trained.checkpoint), checkpoint=checkpoint,
+                          force=force)
     model = trained.load().model.to(device)
     return SequenceScorer(model, int(trained.hparams["block_size"]), batch_size, device), codec
 
@@ -98,7 +107,8 @@ def main(argv: list[str]) -> int:
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
     if not names:
         raise UserInputError("lm-eval: --tasks names no task")
-    scorer, codec = load_scorer(args.checkpoint, args.tokenizer, args.config, args.batch_size, args.device)
+    scorer, codec = load_scorer(args.checkpoint, args.tokenizer, args.config, args.batch_size, args.device,
+                                args.force)
     lm_eval = import_lm_eval()
     from lit.evaluation.lm_eval_adapter import ArchLabLM
 

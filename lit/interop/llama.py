@@ -1,7 +1,8 @@
 """The baseline family (pre-RMSNorm, plain residual, SwiGLU, RoPE) and Hugging Face's ``LlamaForCausalLM``, both ways.
 
-Export writes a ``config.json`` + ``model.safetensors`` folder, which ``from_pretrained``, lm-eval's ``hf`` backend
-and vLLM load; import reads such a folder (one ``model.safetensors`` or shards with their index) as a LanguageModel
+Export writes a ``config.json`` + ``model.safetensors`` folder with the model's tokenizer (``tokenizer.json`` and its
+config, lit/interop/hf_tokenizer.py), which ``from_pretrained``, ``AutoTokenizer``, lm-eval's ``hf`` backend and vLLM
+load; import reads such a folder (one ``model.safetensors`` or shards with their index) as a LanguageModel
 checkpoint::
 
     python cli.py export-hf runs/.../last.ckpt --out exported/
@@ -65,10 +66,14 @@ def llama_state_dict(ours: dict[str, torch.Tensor], n_layers: int, d: int) -> di
     return {k: v.detach().contiguous().clone() for k, v in hf.items()}
 
 
-def export_llama(module, out: str | Path) -> Path:
+def export_llama(module, out: str | Path, tokenizer=None) -> Path:
+    """Write ``module`` as a Llama folder, with ``tokenizer`` (lit/interop/hf_tokenizer.py) and its special ids
+    where given."""
     from safetensors.torch import save_file
 
-    config = llama_config(module)
+    from lit.interop import hf_tokenizer
+
+    config = {**llama_config(module), **hf_tokenizer.special_token_ids(tokenizer)}
     state = llama_state_dict(module.model.state_dict(), config["num_hidden_layers"], config["hidden_size"])
     if config["tie_word_embeddings"]:
         state.pop("lm_head.weight")
@@ -76,6 +81,10 @@ def export_llama(module, out: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
+    ids = hf_tokenizer.special_token_ids(tokenizer)
+    (out / "generation_config.json").write_text(json.dumps({**ids, "_from_model_config": True}, indent=2))
+    if tokenizer is not None:
+        hf_tokenizer.write(tokenizer, out, config["max_position_embeddings"])
     return out
 
 
@@ -193,9 +202,21 @@ def main(argv: list[str]) -> int:
     p = OneLineArgumentParser(prog="cli.py export-hf", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="a LanguageModel checkpoint (.ckpt) of the baseline family")
     p.add_argument("--out", required=True, help="the folder to write config.json and model.safetensors into")
+    p.add_argument("--tokenizer", default=None,
+                   help="the tokenizers JSON (or shards directory) to write beside the weights (default: the one the "
+                        "checkpoint records, where it was at training)")
+    p.add_argument("--force", action="store_true",
+                   help="write a tokenizer other than the one the checkpoint records (refused otherwise)")
     a = p.parse_args(argv)
-    module = read_trained_lm(a.checkpoint, "export-hf").load()
+    from lit.data import tokenizer_record
+    from lit.interop import hf_tokenizer
+
+    trained = read_trained_lm(a.checkpoint, "export-hf")
+    module = trained.load()
     llama_config(module)  # refuse before writing anything
-    export_llama(module, a.out)
-    print(f"wrote {a.out}: LlamaForCausalLM config.json and model.safetensors")
+    tokenizer = hf_tokenizer.choose(tokenizer_record.in_checkpoint(trained.checkpoint), a.tokenizer, a.checkpoint,
+                                    a.force)
+    export_llama(module, a.out, tokenizer)
+    written = "config.json, model.safetensors" + (", tokenizer.json and its config" if tokenizer else "")
+    print(f"wrote {a.out}: LlamaForCausalLM {written}")
     return 0

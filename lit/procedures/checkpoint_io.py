@@ -18,6 +18,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from lit.data import tokenizer_record
 from lit.errors import UserInputError
 from lit.init_from import load_weights_only
 from lit.language_model import LanguageModel
@@ -84,6 +85,8 @@ def write_lm_checkpoint(source: TrainedLM, module: LanguageModel, arch: Transfor
         "epoch": source.checkpoint.get("epoch", 0),
         "global_step": source.checkpoint.get("global_step", 0),
     }
+    if tokenizer_record.in_checkpoint(source.checkpoint) is not None:  # the same token ids: the same tokenizer
+        checkpoint[tokenizer_record.CHECKPOINT_KEY] = source.checkpoint[tokenizer_record.CHECKPOINT_KEY]
     torch.save(checkpoint, out)
     return out
 
