@@ -403,7 +403,9 @@ def render(result: dict, gpu: dict[str, float]) -> str:
         "",
         f"Ratios to the baseline, eager: ops per step at most {OPS_TARGET}x, at most {OPS_TARGET_WIDE}x for mHC and "
         f"full AttnRes; bytes saved for backward at most {SAVED_TARGET}x, plus what a method's math holds; Muon's "
-        f"optimizer step at most {OPTIMIZER_TARGETS['optimizer=muon']}x AdamW's ops. The one allowance: "
+        f"optimizer step at most {OPTIMIZER_TARGETS['optimizer=muon']}x AdamW's ops (fused AdamW calls "
+        f"{base['optimizer_ops']} ops per step here, so that allows "
+        f"{OPTIMIZER_TARGETS['optimizer=muon'] * base['optimizer_ops']:.0f}). The one allowance: "
         "hyper-connections (dynamic, static, mHC) keep n = 4 residual streams, and the mix's backward needs the "
         "streams it mixed, so their math holds one fp32 copy of the 4 streams per sublayer, "
         f"2 x {shape.n_layers} x {shape.tokens:,} x 4 x {shape.d_model} x 4 B = "
@@ -426,6 +428,8 @@ def render(result: dict, gpu: dict[str, float]) -> str:
         f"{base['ops_by_phase']['optimizer']:,}), {_gb(base['saved_bytes'])} saved for backward, "
         f"{_flop(base['flops'])} per step.",
         "",
+        *(f"- {note}" for note in result.get("notes", ())),
+        *([""] if result.get("notes") else []),
         "Each cell is the ratio to the baseline, the target beside it; **bold** misses it. The last column is the "
         "eager step time over the baseline's measured on the H200 (stage D).",
         "",
