@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lit.cli import main
-from tests.conftest import REPO, TINY_LM
+from tests.conftest import REPO, TINY_LM, subprocess_env
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
 NO_LOGGER = ["--trainer.logger=false"]
@@ -62,3 +62,14 @@ def test_fit_then_sample_from_the_checkpoint(workdir, capsys):
           "--model.max_new_tokens=40", "--model.top_k=5", "--data.prompt=ROMEO:", "--data.num_samples=2"])
     samples = [line for line in capsys.readouterr().out.split("ROMEO:") if line.strip()]
     assert len(samples) >= 2 and all(len(s) > 20 for s in samples[:2])
+
+
+def test_a_bad_flag_is_one_line_without_lightnings_argv_warning():
+    """cli.py hands LightningCLI the process's own arguments on purpose; Lightning's warning about args given beside
+    sys.argv echoed the whole command line twice, before the error line too."""
+    out = subprocess.run([sys.executable, "cli.py", "fit", "--config", BASELINE, "--model.arch.norm=rmsnrom",
+                          "--trainer.fast_dev_run=true", *NO_LOGGER], cwd=REPO, capture_output=True, text=True,
+                         env=subprocess_env())
+    assert out.returncode == 2
+    assert "args parameter" not in out.stderr and "sys.argv" not in out.stderr
+    assert len([line for line in out.stderr.splitlines() if line.startswith("error:")]) == 1
