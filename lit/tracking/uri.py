@@ -9,7 +9,10 @@ import tempfile
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
+from lit.tracking.removed_lock import RemovedLock
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+LOCK_PREFIX = "arch-lab-mlflow-"  # in the temp folder, while a process creates or opens a sqlite store
 SQLITE = "sqlite:///"
 
 
@@ -43,12 +46,11 @@ def sqlite_creation_lock(uri: str) -> AbstractContextManager:
 
     Every process builds a client, which creates the tables of a new sqlite database; processes started
     together (torchrun, SLURM) would race in MLflow's migrations and one would crash. The lock file lives
-    in the temp folder, named after the database path, not beside the database.
+    in the temp folder, named after the database path, not beside the database (whose folder may not exist
+    yet), and is removed when the lock is released (``removed_lock.py``).
     """
     path = sqlite_path(uri)
     if path is None:
         return nullcontext()
-    from filelock import FileLock
-
     digest = hashlib.sha1(path.encode()).hexdigest()[:16]
-    return FileLock(Path(tempfile.gettempdir()) / f"arch-lab-mlflow-{digest}.lock")
+    return RemovedLock(Path(tempfile.gettempdir()) / f"{LOCK_PREFIX}{digest}.lock")
