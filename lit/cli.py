@@ -21,9 +21,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 # lit.data.DigitsDataModule), so a text run never pays for them.
 import lit.data.text  # noqa: F401
 import lit.language_model  # noqa: F401
-from lit import sharded_build
+from lit import command_line_over_checkpoint, sharded_build
 from lit.checkpoint_writing import install as install_whole_checkpoint_writer
-from lit import command_line_over_checkpoint
 from lit.checkpoints import check_fits, checkpoint_shapes
 from lit.data import tokenizer_record
 from lit.errors import UserInputError, report

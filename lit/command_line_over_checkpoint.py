@@ -45,7 +45,7 @@ def _leaves(value: Any, prefix: str) -> dict[str, Any]:
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):  # a checkpoint stores tuples as lists
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return a == b
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lit.cli import main
+from lit.command_line_over_checkpoint import model_flags
 from lit.data import tokenizer_record
 from lit.errors import UserInputError
-from lit.command_line_over_checkpoint import model_flags
 from lit.language_model import LanguageModel
 from tests.conftest import REPO, TINY_LM
 

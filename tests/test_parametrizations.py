@@ -83,7 +83,7 @@ def test_sp_is_bitwise_what_runs_were_before(monkeypatch):
         patch.setattr(TransformerStack, "parametrize", lambda self, model: None)
         before = train_both()
     assert len(with_sp) == len(before)
-    for a, b in zip(with_sp, before):
+    for a, b in zip(with_sp, before, strict=True):
         assert torch.equal(a, b)
 
 
