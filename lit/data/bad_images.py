@@ -13,9 +13,10 @@ the main process as a multi-line traceback, so nothing is raised in a worker: ``
 decoder's ``UnreadableImage`` (``lit/data/image_decoding.py``) and either loads the next image of the split in its
 place (up to ``max_bad_images + 1`` in a row) or, under ``error`` or past that, returns a marker with no image.
 Each item carries the names of what it skipped; ``collate_with_skips`` drops markers and hangs the names on the
-batch, an ``ImageBatch`` (``(images, labels)`` to any code that unpacks it); ``BadImageLedger``, in the main process (the DataModule's ``on_before_batch_transfer``, on the host, before
-the batch moves), takes them off the batch, warns once per file, counts every skipped load exactly, and raises the
-one-line ``UserInputError``. The count is logged as ``data/skipped_images`` by ``lit/image_classifier.py``.
+batch, an ``ImageBatch`` (``(images, labels)`` to any code that unpacks it); ``BadImageLedger``, in the main
+process (the DataModule's ``on_before_batch_transfer``, on the host, before the batch moves), takes them off the
+batch, warns once per file, counts every skipped load exactly, and raises the one-line ``UserInputError``. The
+count is logged as ``data/skipped_images`` by ``lit/image_classifier.py``.
 """
 
 from __future__ import annotations
