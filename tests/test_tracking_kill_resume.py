@@ -3,6 +3,7 @@ the resumed training logs no step twice (real `cli.py fit` processes, killed and
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,9 +14,11 @@ from pathlib import Path
 import lightning as L
 import mlflow
 import pytest
+from mlflow.entities import Metric
 
 from lit.cli import main
 from lit.tracking.run import mlflow_logger
+from lit.tracking.sync import main as sync
 from tests.conftest import REPO, TINY_LM, subprocess_env
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
@@ -87,6 +90,20 @@ def test_steps_in_a_checkpoint_but_not_yet_sent_arrive_after_a_sigkill(workdir_w
     last = killed_at(workdir_with_store, 8, send_at=2, kill_at=6)
     resume(8, last)
     assert_every_step_once(workdir_with_store, 8)
+
+
+def test_a_journal_sent_after_a_resume_adds_only_the_steps_the_run_lacks(workdir_with_store):
+    # Killed while the store was away: the journal kept steps 0-5, and the resumed training has logged 0-3 since.
+    client = mlflow.MlflowClient(f"sqlite:///{workdir_with_store}/mlflow.db")
+    run_id = client.create_run(client.create_experiment("journal")).info.run_id
+    client.log_batch(run_id, metrics=[Metric("train/loss", 1.0, 0, s) for s in range(4)])
+    journal = workdir_with_store / "unsent_metrics.jsonl"
+    header = {"tracking_uri": f"sqlite:///{workdir_with_store}/mlflow.db", "run_id": run_id, "status": None}
+    kept = [{"key": "train/loss", "value": 2.0, "timestamp": 0, "step": s} for s in range(6)]
+    journal.write_text("\n".join(json.dumps(line) for line in [header, *kept]) + "\n")  # as MetricOutbox.keep writes
+    assert sync(["send", str(journal)]) == 0
+    assert [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)] \
+        == [(0, 1.0), (1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0), (5, 2.0)]
 
 
 @pytest.mark.slow  # three fits, two of them killed (~40 s on 2 busy cores)

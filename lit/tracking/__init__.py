@@ -4,7 +4,7 @@ A researcher changing the model can ignore this package; it is where to look whe
 it should be. The modules, in the order a training meets them:
 
 - ``uri``: which store (``$MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``), and the creation lock that
-  lets processes started together open a new sqlite store.
+  lets processes started together open a new sqlite store (``removed_lock``: its file is removed after use).
 - ``reachability``: a server that does not answer is found before anything is built (one line), and
   the user chooses what then happens (``if_unreachable``: fail, or log locally and copy the run later).
 - ``logger``: ``MLflowLogger``, Lightning's MLflow logger made to work on MLflow 3.x: asynchronous
@@ -15,9 +15,12 @@ it should be. The modules, in the order a training meets them:
   plugins and the git commit as tags.
 - ``params``: flattening settings into params, logging them once.
 - ``outbox``: metrics wait here until the store takes them; what it never took is kept in a file.
+- ``checkpointed_metrics``: what the outbox has not sent travels in every checkpoint, so a SIGKILL loses
+  no step the checkpoint holds; a resume logs it, and each step once.
 - ``sync``: ``python cli.py sync``, sending that file later, or copying a run to another store.
 - ``names``: the tags and the diagnostics metric names that writers and readers (``compare``) share.
 - ``batches``: MLflow's limits per request.
+- ``history``: the (key, step) pairs a run already has, so that what is logged again goes in once.
 
 The public names below are imported on first use, so ``lit.tracking.names`` or ``lit.tracking.uri``
 cost no Lightning import; ``lit.tracking.MLflowLogger``, the class path every recipe and every config

@@ -37,6 +37,7 @@ from torch import Tensor
 from lit.errors import UserInputError
 from lit.tracking.batches import MAX_METRICS_PER_BATCH, batches
 from lit.tracking.checkpointed_metrics import lightning_logs_next
+from lit.tracking.history import logged_steps
 from lit.tracking.names import EXPERIMENT_KIND, MEANT_FOR, RESUME_FROM, STOPPED_AT_STEP, STOPPED_BY, TRAINING_EXPERIMENT
 from lit.tracking.outbox import MetricOutbox, short_error
 from lit.tracking.params import describe_changes, flatten, log_params
@@ -221,8 +222,7 @@ class MLflowLogger(MLFlowLogger):
         trained and logged again): each step once."""
         client = self.experiment
         try:
-            keys = set(client.get_run(self.run_id).data.metrics) | {m.key for m in unsent}
-            stored = {(key, m.step) for key in keys for m in client.get_metric_history(self.run_id, key)}
+            stored = logged_steps(client, self.run_id, {m.key for m in unsent})
         except Exception as exc:  # the store is away: nothing is lost, a step may be logged twice
             warn(f"could not read the metric history of MLflow run {self.run_id} ({short_error(exc)}); the "
                  f"{len(unsent)} values its checkpoint kept are logged again as they are")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
 from lit.tracking.batches import MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, batches
+from lit.tracking.history import logged_steps
 from lit.tracking.names import COPIED_FROM, SYNCED_TO, TRAINING_EXPERIMENT
 
 
@@ -38,12 +39,16 @@ def send(journal: str | Path, tracking_uri: str | None = None) -> str:
         raise UserInputError(f"{journal} is not a journal of unsent metrics ({exc})") from exc
     uri = tracking_uri or header["tracking_uri"]
     client = MlflowClient(uri)
-    for part in batches(metrics, MAX_METRICS_PER_BATCH):
+    # A resumed training may have logged them since (from its checkpoint, or by training the steps again).
+    there = logged_steps(client, header["run_id"], {m.key for m in metrics})
+    new = [m for m in metrics if (m.key, m.step) not in there]
+    for part in batches(new, MAX_METRICS_PER_BATCH):
         client.log_batch(header["run_id"], metrics=part)
     if header.get("status"):
         client.set_terminated(header["run_id"], header["status"])
     journal.unlink()
-    return (f"sent {len(metrics)} metric values to run {header['run_id']} at {uri}"
+    already = f" ({len(metrics) - len(new)} were there already)" if len(new) < len(metrics) else ""
+    return (f"sent {len(new)} metric values to run {header['run_id']} at {uri}{already}"
             + (f" and marked it {header['status']}" if header.get("status") else ""))
 
 
