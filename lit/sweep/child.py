@@ -40,8 +40,9 @@ CHILD_DEFAULTS = ["--trainer.enable_progress_bar=false", "--trainer.enable_model
 def fit_args(manifest: dict, child: Child, tune_value: str | None) -> list[str]:
     """The ``cli.py fit`` arguments of a child run.
 
-    Order matters (later wins): the recipe, the variant's extra YAML files, the sweep's fit options, the
-    variant's values, the tuned value, then what the sweep owns (seeds, budget, where it logs).
+    Order matters (later wins): the recipe, the variant's extra YAML files, the devices placement gives each run
+    (``lit/sweep/placement.py``), the sweep's fit options, the variant's values, the tuned value, then what the sweep
+    owns (seeds, budget, where it logs).
     """
     overrides = dict(child.overrides)
     tune = manifest["protocol"]["tune"]
@@ -52,7 +53,7 @@ def fit_args(manifest: dict, child: Child, tune_value: str | None) -> list[str]:
     args = ["fit", "--config", manifest["recipe"]]
     for config in configs:
         args += ["--config", config]
-    args += CHILD_DEFAULTS + list(manifest["fit_args"])
+    args += CHILD_DEFAULTS + list(manifest.get("placement", [])) + list(manifest["fit_args"])
     args += [f"--{k}={v}" for k, v in overrides.items() if k != CONFIG_KEY]
     args += [f"--seed_everything={child.seed}", f"--data.seed={child.seed}"]
     if manifest["protocol"].get("random_numbers"):

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from lit.errors import OneLineArgumentParser, UserInputError, one_line_errors
-from lit.sweep import ladder, looks
+from lit.sweep import ladder, looks, placement
 from lit.sweep import protocol as P
 from lit.sweep.grid import (
     Child,
@@ -108,7 +108,15 @@ def parser() -> argparse.ArgumentParser:
                         "config files or code commit changed)")
     p.add_argument("--experiment", help="MLflow experiment (default: sweep-<recipe name>)")
     p.add_argument("--tracking_uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    p.add_argument("--parallel", type=int, default=1, help="runs at once on this machine (local launch)")
+    p.add_argument("--parallel", type=placement.parallel_value, default=1, metavar="N|auto",
+                   help="runs at once on this machine (local launch); auto: every slot the GPUs hold (GPUs / "
+                        "gpus_per_run x runs_per_gpu), on CPU the cores / threads per run ($OMP_NUM_THREADS, else 1)")
+    p.add_argument("--gpus_per_run", type=int, default=None, metavar="K",
+                   help="GPUs each run trains on (default 1 where there are GPUs): each worker slot gets K of them "
+                        "as CUDA_VISIBLE_DEVICES and its runs --trainer.accelerator=gpu --trainer.devices=K")
+    p.add_argument("--runs_per_gpu", type=int, default=None, metavar="M",
+                   help="small runs sharing each GPU (default 1): M slots per GPU, each waiting for its share of the "
+                        "GPU's memory before a run; the sweep says whether CUDA MPS runs")
     p.add_argument("--launch", choices=["local", "slurm"], default="local",
                    help="run here, or write a SLURM job-array script and a manifest instead")
     p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
@@ -164,8 +172,6 @@ def build_protocol(a: argparse.Namespace, fit_options: list[str],
         raise UserInputError(f"--seeds must be at least 1, got {a.seeds}")
     if a.add_seeds < 0:
         raise UserInputError(f"--add_seeds must be at least 0, got {a.add_seeds}")
-    if a.parallel < 1:
-        raise UserInputError(f"--parallel must be at least 1, got {a.parallel}")
     mode = resolve_mode(a.metric, a.mode)
     variants = build_variants(a.vary, a.variant)
     baseline = find_baseline(variants, a.baseline)
@@ -301,6 +307,22 @@ def _tuning(a: argparse.Namespace, seeds: list[int], base: int, steps: int | Non
     return Tuning(key, values, short, tune_seed, reuse_seed_run=False)
 
 
+def _placement(a: argparse.Namespace, fit_options: list[str]) -> placement.Layout:
+    """Where the runs compute (``lit/sweep/placement.py``); one line for a layout that cannot be."""
+    if a.launch == "slurm":  # one run per array task: SLURM places it; the runs are told their GPUs per run
+        if a.runs_per_gpu is not None:
+            raise UserInputError("--runs_per_gpu with --launch slurm: an array task runs one run; share GPUs through "
+                                 "SLURM (e.g. --sbatch=--gpus-per-task=1 with MPS or sharding), or launch locally")
+        layout = placement.Layout((), a.gpus_per_run or 0, 1)
+    else:
+        layout = placement.plan(a.parallel, a.gpus_per_run, a.runs_per_gpu, fit_options)
+    if layout.gpus_per_run > 1:
+        raise UserInputError(f"--gpus_per_run {layout.gpus_per_run}: a run on several GPUs starts its other ranks by "
+                             "running its command line again, which a sweep's child cannot do yet; use --gpus_per_run "
+                             "1 (or several sweeps, one per GPU group, each with its CUDA_VISIBLE_DEVICES)")
+    return layout
+
+
 @one_line_errors
 def main(argv: list[str]) -> int:
     started = time.time()
@@ -374,6 +396,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     from lit.tracking.uri import resolve_tracking_uri, sqlite_creation_lock
 
     proto, variants, tuning = build_protocol(a, fit_options)
+    layout = _placement(a, fit_options)
     core = {k: proto[k] for k in CORE_FIELDS if k in proto}
     core["tune"] = None if proto["tune"] is None else {k: v for k, v in proto["tune"].items() if k != "description"}
     recipe_path = Path(a.config).resolve()
@@ -419,11 +442,12 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     out.mkdir(parents=True, exist_ok=True)
     manifest = {"protocol": proto, "experiment": experiment, "tracking_uri": uri, "parent_run_id": None,
                 "recipe": str(recipe_path), "fit_args": proto["fit_args"], "save_dir": str(out / "runs"),
+                "placement": layout.trainer_args(proto["fit_args"]),
                 "children": [c.to_json() for c in children]}
     # Every variant with runs to do is built once (model, data, trainer) before any compute is spent:
     # a key or value the recipe rejects ends here, in one line, before a parent run exists.
     checked = [] if look is not None and look.look > 1 else todo if parent is not None else children  # once
-    tested = _check_variants(a, manifest, checked, out / "logs")
+    tested = _check_variants(layout, manifest, checked, out / "logs")
     if parent is None:
         if proto["report_metric"] is None:
             if len(set(tested.values())) > 1:
@@ -475,7 +499,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     if a.launch == "slurm":
         from lit.sweep.slurm import write_scripts
 
-        submit = write_scripts(manifest, manifest_path, scripts, a.sbatch)
+        submit = write_scripts(manifest, manifest_path, scripts, a.sbatch, layout.gpus_per_run)
         client.set_tag(parent_id, LAUNCHED, "slurm")
         client.set_terminated(parent_id, status="FINISHED")  # the launch is done; each child has its own status
         print(f"wrote {manifest_path} and the job arrays; submit with: bash {submit}"
@@ -489,10 +513,13 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
               flush=True)
     if len(todo) < len(children):
         print(f"{len(children) - len(todo)} runs already finished; {len(todo)} to run", flush=True)
+    print(f"placement: {layout.describe()}", flush=True)
+    if layout.runs_per_gpu > 1:
+        print(placement.mps_state(), flush=True)
     status, code = "FAILED", 1
     previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        code = _run_local(a, manifest, todo, done, live, out, client, parent_id)
+        code = _run_local(layout, manifest, todo, done, live, out, client, parent_id)
         status = "FINISHED" if code == 0 else "FAILED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -504,7 +531,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
             # A run whose process ended without closing it (stopped while it was being built, or crashed
             # hard) is not left RUNNING: its owner is gone.
             settle_unfinished_runs(client, child_runs(client, experiment_id, proto["sweep_id"]))
-            _log_overhead(client, parent_id, experiment_id, proto["sweep_id"], started, a.parallel)
+            _log_overhead(client, parent_id, experiment_id, proto["sweep_id"], started, layout.parallel)
         finally:
             client.set_terminated(parent_id, status=status)
     if code == 0 and look is not None:
@@ -539,7 +566,7 @@ def _tag(key: str, value: str):
     return RunTag(key, value)
 
 
-def _check_variants(a, manifest: dict, todo: list[Child], log_dir: Path) -> dict[str, bool]:
+def _check_variants(layout, manifest: dict, todo: list[Child], log_dir: Path) -> dict[str, bool]:
     """Build each variant of ``todo`` once, in a fork; returns whether each one's data have a test split."""
     from lit.cli import check_config
     from lit.sweep.child import fit_args
@@ -552,7 +579,7 @@ def _check_variants(a, manifest: dict, todo: list[Child], log_dir: Path) -> dict
             checks.append(Child(f"{c.variant}|check", c.variant, "check", c.seed, 0, c.overrides))
     tune = manifest["protocol"]["tune"]
     first_value = tune["values"][0] if tune else None
-    outcomes = run_children(checks, lambda c: _check(check_config, fit_args(manifest, c, first_value)), a.parallel,
+    outcomes = run_children(checks, lambda c: _check(check_config, fit_args(manifest, c, first_value)), layout,
                             log_dir, lambda c: "ready", lambda msg: None, {})
     for o in outcomes:
         if o.code not in (HAS_TEST_SPLIT, NO_TEST_SPLIT):
@@ -560,7 +587,7 @@ def _check_variants(a, manifest: dict, todo: list[Child], log_dir: Path) -> dict
     return {o.child.variant: o.code == HAS_TEST_SPLIT for o in outcomes}
 
 
-def _run_local(a, manifest: dict, todo: list[Child], done: dict, live: dict, out: Path, client,
+def _run_local(layout, manifest: dict, todo: list[Child], done: dict, live: dict, out: Path, client,
                parent_id: str) -> int:
     from lit.sweep.child import ALL_DIVERGED_EXIT, DIVERGED_EXIT, OWNED_ELSEWHERE_EXIT, run_child
     from lit.sweep.local import run_children
@@ -603,7 +630,7 @@ def _run_local(a, manifest: dict, todo: list[Child], done: dict, live: dict, out
     def report(msg: str) -> None:
         print(msg, flush=True)
 
-    outcomes = run_children(todo, lambda c: run_child(manifest, c), a.parallel, log_dir, gate, report, results,
+    outcomes = run_children(todo, lambda c: run_child(manifest, c), layout, log_dir, gate, report, results,
                             tick=tick)
     diverged = [o for o in outcomes if o.code == DIVERGED_EXIT]
     skipped = sorted({o.child.variant for o in outcomes if o.code == ALL_DIVERGED_EXIT

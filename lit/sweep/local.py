@@ -25,6 +25,7 @@ from pathlib import Path
 
 from lit.sweep.child import ALL_DIVERGED_EXIT, DIVERGED_EXIT, OWNED_ELSEWHERE_EXIT
 from lit.sweep.grid import Child
+from lit.sweep.placement import Layout, cpu_layout, wait_for_share
 from lit.sweep.worker import KEEPS_WORKER, Worker, send, start_worker
 from lit.sweep.worker import stop as stop_worker
 
@@ -41,10 +42,13 @@ class Outcome:
     log: Path | None
 
 
-def run_children(children: list[Child], run: Callable[[Child], int], parallel: int, log_dir: Path,
+def run_children(children: list[Child], run: Callable[[Child], int], parallel: int | Layout, log_dir: Path,
                  gate: Callable[[Child], str], report: Callable[[str], None],
                  results: dict[str, int], tick: Callable[[], None] | None = None) -> list[Outcome]:
     """Run ``children`` in order, ``parallel`` at a time, in at most ``parallel`` workers.
+
+    ``parallel`` is a placement (``lit/sweep/placement.py``: each slot's devices and threads), or a number of slots
+    sharing the cores. A worker serves one slot; the fresh worker that replaces it gets the same slot.
 
     Each child's exit code is recorded in ``results`` (by key) as it ends. ``gate(child)`` says whether a
     child may start: "ready", "wait" (something it needs is still running) or "blocked" (something it
@@ -52,7 +56,7 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
     sweep from starting others: the rest would fail the same way. ``tick()`` is called about every
     ``POLL_S`` seconds while children run (the sweep's heartbeat).
     """
-    threads = max(1, (os.cpu_count() or 1) // parallel)
+    layout = cpu_layout(parallel) if isinstance(parallel, int) else parallel
     logs = {i: log_dir / (c.key.replace("|", "__").replace("/", "_").replace("=", "-") + ".log")
             for i, c in enumerate(children)}
     index_of = {id(c): i for i, c in enumerate(children)}
@@ -72,7 +76,10 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
                 report(f"skip {ready.key}: the runs it waits for did not all finish")
                 continue
             if worker is None:
-                worker = start_worker(lambda i: run(children[i]), logs.__getitem__, threads)
+                taken = {w.slot for w in workers}
+                slot = next(s for s in layout.slots if s.index not in taken)
+                worker = start_worker(lambda i: run(children[i]), logs.__getitem__, slot.threads, slot.env(),
+                                      _share_check(layout, slot), slot.index)
                 workers.append(worker)
             index = index_of[id(ready)]
             send(worker, index, ready, logs[index])
@@ -95,7 +102,7 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
                 for worker in [w for w in workers if w.current is None]:
                     if not start_next(worker):
                         break
-                while len(workers) < parallel and start_next(None):
+                while len(workers) < layout.parallel and start_next(None):
                     pass
             busy = [w for w in workers if w.current is not None]
             if not busy:
@@ -135,3 +142,10 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
     for worker in workers:
         os.waitpid(worker.pid, 0)
     return outcomes
+
+
+def _share_check(layout: Layout, slot) -> Callable[[], None] | None:
+    """What a slot sharing its GPU does before each run (in its worker): wait for its share of the GPU's memory."""
+    if layout.runs_per_gpu < 2 or not slot.devices:
+        return None
+    return lambda: wait_for_share(slot.devices[0], layout.runs_per_gpu, lambda line: print(line, flush=True))

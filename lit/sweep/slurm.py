@@ -27,9 +27,12 @@ def array_script(manifest_path: Path, phase: str, count: int, out: Path, sbatch:
     return "\n".join(lines)
 
 
-def write_scripts(manifest: dict, manifest_path: Path, out: Path, sbatch: list[str]) -> Path:
+def write_scripts(manifest: dict, manifest_path: Path, out: Path, sbatch: list[str], gpus_per_run: int = 0) -> Path:
     """Write ``tune.sbatch`` (if tuning), ``seeds.sbatch``, ``shared.sbatch`` (with ``--shared_value``) and
-    ``submit.sh``; returns submit.sh's path."""
+    ``submit.sh``; returns submit.sh's path. With ``gpus_per_run`` each task asks for that many GPUs, unless an
+    ``--sbatch`` option already asks for GPUs (its runs are told their count through the manifest's placement)."""
+    if gpus_per_run and not any("gpu" in option or "gres" in option for option in sbatch):
+        sbatch = [*sbatch, f"--gpus-per-task={gpus_per_run}"]
     (out / "logs").mkdir(parents=True, exist_ok=True)
     name = f"sweep-{manifest['protocol']['sweep_id'][:8]}"
     submit = ["#!/bin/bash", "# Submit the sweep's job arrays (the seeds wait for the tuning runs).",

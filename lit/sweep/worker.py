@@ -46,22 +46,30 @@ class Worker:
     current: tuple | None = None  # (child, started, log) while a run is in flight
     runs: int = 0
     buffer: bytes = field(default=b"")
+    slot: int = 0  # the placement slot it serves (lit/sweep/placement.py): a fresh worker of a slot gets its devices
 
 
-def start_worker(run: Callable[[int], int], log_for: Callable[[int], Path], threads: int) -> Worker:
-    """Fork a worker that runs ``run(index)`` for each index the pool sends, its output in ``log_for(index)``."""
+def start_worker(run: Callable[[int], int], log_for: Callable[[int], Path], threads: int,
+                 env: dict[str, str] | None = None, before_run: Callable[[], None] | None = None,
+                 slot: int = 0) -> Worker:
+    """Fork a worker that runs ``run(index)`` for each index the pool sends, its output in ``log_for(index)``.
+
+    ``env`` is set in the worker before anything else (its slot's ``CUDA_VISIBLE_DEVICES``: before its first CUDA
+    call); ``before_run()`` runs before each run, its output in that run's log.
+    """
     task_r, task_w = os.pipe()
     result_r, result_w = os.pipe()
     pid = os.fork()
     if pid:
         os.close(task_r)
         os.close(result_w)
-        return Worker(pid, task_w, os.fdopen(result_r, "rb", buffering=0))
+        return Worker(pid, task_w, os.fdopen(result_r, "rb", buffering=0), slot=slot)
     code = 1
     try:
+        os.environ.update(env or {})
         os.close(task_w)
         os.close(result_r)
-        _serve(run, log_for, threads, os.fdopen(task_r, "rb"), result_w)
+        _serve(run, log_for, threads, os.fdopen(task_r, "rb"), result_w, before_run)
         code = 0
     except BaseException:  # the worker itself failed: the pool reports the run it was given, if any
         traceback.print_exc()
@@ -82,7 +90,8 @@ def stop(worker: Worker) -> None:
         pass
 
 
-def _serve(run: Callable[[int], int], log_for: Callable[[int], Path], threads: int, tasks, results_fd: int) -> None:
+def _serve(run: Callable[[int], int], log_for: Callable[[int], Path], threads: int, tasks, results_fd: int,
+           before_run: Callable[[], None] | None = None) -> None:
     from lit.cli import reuse_parsers
 
     _become_worker(threads)
@@ -91,6 +100,8 @@ def _serve(run: Callable[[int], int], log_for: Callable[[int], Path], threads: i
     for line in tasks:
         index = int(line)
         _point_output_to(log_for(index))
+        if before_run is not None:
+            before_run()
         code = _run_one(run, index)
         baseline.restore()
         reset_between_runs()
