@@ -24,7 +24,11 @@ is the final aggregation. The diagnostics' stream RMS by depth is therefore the 
 
 The attention over depth runs in float32 (the only public code of the method, flash-attn-res, does so too),
 whatever autocast does to the sublayers, and ``w . RMSNorm(v)`` is computed as ``(w * g) . v * rsqrt(mean(v^2) +
-eps)``: one matvec and one norm per source, no stacked copy of the sources and no normalised keys in memory.
+eps)``, no normalised keys in memory. Each consumer is one depth-attention op (``DepthSoftmax``, Liger-Kernel's
+``ops/attn_res.py`` plan in torch ops): the sources are stacked once, in their own dtype, and upcast inside the op;
+backward stacks them again from the sources it saved. What autograd keeps is the sources themselves (the history
+holds them anyway) and a few per-token values per source, never a float32 copy of them: a per-source loop had kept
+one per source per consumer, which at 124M width was more than the baseline's whole activation memory.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import math
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles, declare_weight_decay
 from arch_plugins.init_identity import InitIdentity
@@ -60,21 +65,73 @@ class DepthAttention(nn.Module):
         declare_diagnostic(self, "query_norm", _query_norm)  # |w|: how far this sublayer moved off the average
 
     def forward(self, sources: list[torch.Tensor]) -> torch.Tensor:
-        dtype = torch.promote_types(sources[0].dtype, torch.float32)
-        # Autocast off: it would run the matvecs in bf16; the depth softmax and the sum are float32 (flash-attn-res).
-        with torch.autocast(device_type=sources[0].device.type, enabled=False):
-            values = [s.to(dtype) for s in sources]
-            query = (self.query if self.key_gain is None else self.query * self.key_gain).to(dtype)
-            # One matvec and one norm per source, no stacked copy: w . RMSNorm(v) = (w * g) . v / rms(v).
-            logits = torch.stack([v @ query for v in values])
-            if self.normalise_keys:
-                squares = torch.stack([torch.linalg.vector_norm(v, dim=-1).square() for v in values])
-                logits = logits * torch.rsqrt(squares / values[0].shape[-1] + self.eps)
-            weights = logits.softmax(0).unsqueeze(-1)
-            out = values[0] * weights[0]
-            for value, weight in zip(values[1:], weights[1:], strict=True):
-                out = torch.addcmul(out, value, weight)
-            return out
+        # float32, or float64 for float64 sources (torch.promote_types would cost a dispatched op per call).
+        dtype = torch.float64 if sources[0].dtype == torch.float64 else torch.float32
+        query = (self.query if self.key_gain is None else self.query * self.key_gain).to(dtype)
+        return DepthSoftmax.apply(query, self.eps if self.normalise_keys else None, *sources)
+
+
+class DepthSoftmax(torch.autograd.Function):
+    """``out = sum_i softmax_i(u . v_i * r_i) v_i`` with ``r_i = rsqrt(mean(v_i^2) + eps)`` (1 when ``eps`` is None),
+    over the stacked sources, as one op forward and one backward.
+
+    Computed in the query's dtype (float32) with autocast off, whatever the sources' dtypes: the stack is upcast
+    inside and freed there. Saved for backward: the sources as given, and the logits, the weights and the ``r_i``
+    (one value per token per source); backward stacks the sources again. Per-token values keep a trailing axis of 1
+    so that they broadcast over the width without an unsqueeze (each one an op).
+    """
+
+    @staticmethod
+    def forward(ctx, query: torch.Tensor, eps: float | None, *sources: torch.Tensor) -> torch.Tensor:
+        width = query.shape[-1]
+        with torch.autocast(device_type=query.device.type, enabled=False):
+            values = torch.stack(sources).to(query.dtype)  # (m, ..., d); mixed dtypes promote in the stack itself
+            logits = torch.mv(values.view(-1, width), query).view(*values.shape[:-1], 1)
+            inverse_rms = None
+            if eps is not None:
+                # The norm of v, squared, as the per-source form computed it (the same rounding as before).
+                squares = torch.linalg.vector_norm(values, dim=-1, keepdim=True).square()
+                inverse_rms = torch.rsqrt(squares / width + eps)
+                logits = logits * inverse_rms
+            weights = logits.softmax(0)
+            out = (weights * values).sum(0)
+        ctx.save_for_backward(query, weights, logits, inverse_rms, *sources)
+        return out
+
+    @staticmethod
+    @once_differentiable  # the saved logits and weights carry no graph: a second derivative would be wrong
+    def backward(ctx, grad_out: torch.Tensor):
+        query, weights, logits, inverse_rms, *sources = ctx.saved_tensors
+        width = query.shape[-1]
+        with torch.autocast(device_type=query.device.type, enabled=False):
+            values = torch.stack(sources).to(query.dtype)
+            grad_weights = (values * grad_out).sum(-1, keepdim=True)
+            grad_logits = torch._softmax_backward_data(grad_weights, weights, 0, query.dtype)
+            grad_values = weights * grad_out
+            if inverse_rms is None:
+                grad_dots = grad_logits
+            else:
+                grad_dots = grad_logits * inverse_rms
+                # logit = dot * r with r = (|v|^2 / d + eps)^(-1/2): through r, d logit / d v = -dot * r^3 * v / d,
+                # and dot * r^3 = logit * r^2.
+                through_rms = grad_dots * logits * inverse_rms
+                grad_values = torch.addcmul(grad_values, through_rms, values, value=-1 / width)
+            grad_values = torch.addcmul(grad_values, grad_dots, query)
+            grad_query = None
+            if ctx.needs_input_grad[0]:
+                grad_query = (grad_dots * values).sum(tuple(range(values.dim() - 1)))
+        return (grad_query, None, *_per_source(grad_values, sources))
+
+
+def _per_source(grad_values: torch.Tensor, sources: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The stacked gradient split into one per source, each in its source's dtype: one cast for the sources that
+    share the last one's dtype (the bf16 sublayer outputs), one more for each other (the float32 embedding)."""
+    common = sources[-1].dtype
+    grads = list(grad_values.to(common).unbind(0))
+    for index, source in enumerate(sources):
+        if source.dtype != common:
+            grads[index] = grad_values[index].to(source.dtype)
+    return grads
 
 
 def _query_norm(module: DepthAttention) -> torch.Tensor:
