@@ -150,4 +150,6 @@ def checkpoint_run(ckpt_path: str | Path) -> dict[str, str] | None:
         warn(f"could not read the MLflow run from {ckpt_path} ({exc}); logging to a new run")
         return None
     stored = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
-    return stored if isinstance(stored, dict) and stored.get("run_id") else None
+    if not isinstance(stored, dict) or not stored.get("run_id"):
+        return None
+    return {k: v for k, v in stored.items() if k != UNSENT_KEY}  # the run, not the metrics kept for it
