@@ -219,10 +219,15 @@ def backprop_gpt_and_vit() -> tuple:
 
 
 def test_gpt_and_vit_train_with_mhc():
+    # alpha_res is left out of the non-zero check: at init its gradient is rounding noise. The last merge's streams
+    # are averaged, so each of its H_res's columns gets one gradient and a column sums to 1 whatever the logits:
+    # exactly zero. The first merge's streams are copies, so its gradient only meets the last row step's residual.
+    # (tests/test_hyper_connections_rewrite.py checks alpha_res's gradient away from init.)
     for model in backprop_gpt_and_vit():
         grads = {n: p.grad for n, p in model.named_parameters() if "merge" in n}
-        assert grads and all(g is not None and g.abs().sum() > 0 for g in grads.values()), \
-            [n for n, g in grads.items() if g is None or not g.abs().sum() > 0]
+        assert grads and all(g is not None for g in grads.values())
+        silent = [n for n, g in grads.items() if not n.endswith("alpha_res") and not g.abs().sum() > 0]
+        assert not silent, silent
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm", "3pt"])

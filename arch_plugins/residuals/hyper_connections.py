@@ -21,8 +21,8 @@ and ``end`` of the residual's stream), before the final norm.
 Differences from the reference, on purpose: the mixing runs in the stream's own dtype with autocast off (float32
 under bf16 autocast), so the carried streams keep the precision of the plain residual's stream (TF32, if a user
 enables it for float32 matmuls, would round them); the paper normalises H with LayerNorm, the reference (and this)
-with RMSNorm with a learned gain. The manifold-constrained variant (mHC, Sinkhorn-projected mixing) is not
-implemented.
+with RMSNorm with a learned gain. The manifold-constrained variant (mHC, Sinkhorn-projected mixing) shares the
+merge's mixing (``manifold_hyper_connections.py``).
 """
 
 from __future__ import annotations
@@ -38,23 +38,47 @@ from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, Residu
 
 
 class StreamMixing(ResidualMerge):
-    """A merge over n streams given its weights: the branch reads sum_s w_s H_s; each stream t is rewritten as
-    sum_s A[s, t] H_s + b_t f. Subclasses say how w (``branch_weights``) and A, b (``depth_weights``) are made."""
+    """A merge over n streams given one mixing matrix per sublayer, lucidrains' ``width_connection`` shape.
 
-    def branch_weights(self, h: torch.Tensor) -> torch.Tensor:
-        """w as a column, (n, 1) static or (..., n, 1) per token."""
+    M is (n + 1) x n (static, or one per token), indexed [row, source stream]: row 0 is what the branch reads, rows
+    1..n the streams before the branch is added; b (n) is how much of the branch each stream receives. Per sublayer
+    the coefficients are computed once and the streams mixed once, M H giving the branch input and the mixed
+    streams together; the merge then adds b_t f. Subclasses say how M and b are made (``mixing_weights``).
+
+    ``branch_input`` keeps (H, M H, b) for the merge of the same sublayer, which the block calls next with the same
+    H: that call uses them and forgets them. A merge called on other streams (or alone) computes them again.
+    """
+
+    _pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def mixing_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(M, b): M (n + 1, n) static or (..., n + 1, n) per token; b (n,) or (..., n)."""
         raise NotImplementedError
 
-    def depth_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A (stream s into stream t, indexed [..., s, t]) and b (the branch into each stream, [..., t])."""
-        raise NotImplementedError
+    def _mixed(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mixing, beta = self.mixing_weights(h)
+        return mix(mixing, h), beta
 
     def branch_input(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
-        return mix(self.branch_weights(h), h).squeeze(-2)
+        mixed, beta = self._mixed(h)
+        self._pending = (h, mixed, beta)
+        # A copy (one N x d pass): the sublayer keeps its input for the backward, and a view would keep the whole
+        # (n + 1)-row mix alive with it, one more copy of the streams per sublayer until the backward.
+        return mixed[..., 0, :].contiguous()
 
     def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
-        alpha, beta = self.depth_weights(h)
-        return torch.addcmul(mix(alpha, h), beta.to(h.dtype).unsqueeze(-1), branch.to(h.dtype).unsqueeze(-2))
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] is h:
+            _, mixed, beta = pending
+        else:
+            mixed, beta = self._mixed(h)
+        return torch.addcmul(mixed[..., 1:, :], beta.to(h.dtype).unsqueeze(-1), branch.to(h.dtype).unsqueeze(-2))
+
+    def __getstate__(self):
+        # Copies and pickles never carry one forward pass's streams (a deepcopy of non-leaf tensors would fail).
+        state = dict(super().__getstate__())
+        state.pop("_pending", None)
+        return state
 
 
 class HyperConnection(StreamMixing):
@@ -96,32 +120,30 @@ class HyperConnection(StreamMixing):
         out = (h @ (self.norm_gain.unsqueeze(-1) * weight).to(h.dtype)) * inverse
         return out.tanh() if self.tanh else out
 
-    def branch_weights(self, h: torch.Tensor) -> torch.Tensor:
-        """alpha's column 0, how much of each stream the branch reads: (n, 1) static or (..., n, 1) per token."""
-        static = self.static_alpha[:, :1]
-        if not self.dynamic:
-            return static
-        return static + self._dynamic(h, self.dynamic_alpha[:, :1]) * self.dynamic_alpha_scale
-
-    def depth_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """alpha's columns 1..n (stream s into stream t) and beta (the branch into each stream), from one matmul."""
-        alpha, beta = self.static_alpha[:, 1:], self.static_beta
-        if not self.dynamic:
-            return alpha, beta
-        dynamic = self._dynamic(h, torch.cat([self.dynamic_alpha[:, 1:], self.dynamic_beta.unsqueeze(-1)], dim=-1))
-        return alpha + dynamic[..., :-1] * self.dynamic_alpha_scale, beta + dynamic[..., -1] * self.dynamic_beta_scale
+    def mixing_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """alpha transposed (the branch's read in row 0, stream s into stream t at [1 + t, s]) and beta: the
+        dynamic parts of both from one norm and one matmul, h @ [W_alpha | W_beta]."""
+        alpha, beta = self.static_alpha, self.static_beta
+        if self.dynamic:
+            dynamic = self._dynamic(h, torch.cat([self.dynamic_alpha, self.dynamic_beta.unsqueeze(-1)], dim=-1))
+            alpha = alpha + dynamic[..., :-1] * self.dynamic_alpha_scale
+            beta = beta + dynamic[..., -1] * self.dynamic_beta_scale
+        return alpha.transpose(-1, -2), beta
 
 
-def mix(alpha: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """out[..., k, :] = sum_s alpha[..., s, k] h[..., s, :], for a static (n, k) or a per-token (..., n, k) alpha.
+def mix(mixing: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """out[..., k, :] = sum_s mixing[..., k, s] h[..., s, :], for a static (k, n) or a per-token (..., k, n) mixing.
 
     Autocast is off: it would run these small matmuls in bf16 and round the carried streams, which the plain
-    residual keeps in float32. einsum turns a static alpha into one GEMM over every token (a broadcast matmul
-    would copy alpha per token: 4x slower on a CPU at d=256).
+    residual keeps in float32. A static matrix is broadcast over the tokens (a stride-0 batch, never copied), so
+    both cases are one batched matmul that reads the streams where they lie: einsum's lowering of the static case
+    instead copies the streams into a transposed layout, and that copy was saved for backward.
     """
     with torch.autocast(device_type=h.device.type, enabled=False):
-        alpha = alpha.to(h.dtype)
-        return torch.einsum("sk,...sd->...kd" if alpha.dim() == 2 else "...sk,...sd->...kd", alpha, h)
+        mixing = mixing.to(h.dtype)
+        if mixing.dim() == 2:
+            mixing = mixing.expand(*h.shape[:-2], *mixing.shape)
+        return torch.matmul(mixing, h)
 
 
 class Streams(ResidualStream):

@@ -45,13 +45,51 @@ def sinkhorn_knopp(logits: torch.Tensor, iters: int, eps: float = 1e-6) -> torch
     """Project (..., n, n) logits onto the doubly stochastic matrices: exp, then ``iters`` times rows then columns.
 
     Each row's maximum is subtracted before exp (the first row normalisation cancels it, so only overflow changes);
-    sums are floored at ``eps``, as Megatron-LM does, so an underflowed row cannot divide by zero.
+    sums are floored at ``eps``, as Megatron-LM does, so an underflowed row cannot divide by zero. One autograd
+    node (``_Sinkhorn``): the backward recomputes the iterations instead of keeping each one's tensors.
     """
-    m = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+    return _Sinkhorn.apply(logits, iters, eps)
+
+
+def _sinkhorn_steps(logits: torch.Tensor, iters: int, eps: float, keep: bool):
+    """The forward iterations; with ``keep``, each normalisation's (output, floored sum, sum >= eps) too."""
+    start = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+    m, steps = start, []
     for _ in range(iters):
-        m = m / m.sum(dim=-1, keepdim=True).clamp_min(eps)
-        m = m / m.sum(dim=-2, keepdim=True).clamp_min(eps)
-    return m
+        for dim in (-1, -2):
+            total = m.sum(dim=dim, keepdim=True)
+            floored = total.clamp_min(eps)
+            m = m / floored
+            if keep:
+                steps.append((dim, m, floored, total >= eps))
+    return start, m, steps
+
+
+class _Sinkhorn(torch.autograd.Function):
+    """Sinkhorn-Knopp as one op: saves its logits only, and its backward runs the iterations again.
+
+    Autograd through the loop would keep ~3 tensors per normalisation (40 normalisations at the paper's 20
+    iterations) from the forward to the backward. The backward of one normalisation y = m / max(sum m, eps) is
+    dm = (dy - [sum m >= eps] sum(dy * y)) / max(sum m, eps), the same expression autograd differentiates (clamp's
+    gradient passes where the input is at least the bound). The row maximum subtracted before exp gets no gradient:
+    it cancels exactly, because the first row sum is at least 1 (the maximum's exp(0)) and so never floored.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+        ctx.save_for_backward(logits)
+        ctx.iters, ctx.eps = iters, eps
+        return _sinkhorn_steps(logits, iters, eps, keep=False)[1]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (logits,) = ctx.saved_tensors
+        start, _, steps = _sinkhorn_steps(logits, ctx.iters, ctx.eps, keep=True)
+        for dim, out, floored, unfloored in reversed(steps):
+            through_sum = torch.where(unfloored, (grad * out).sum(dim=dim, keepdim=True), 0.0)
+            grad = (grad - through_sum) / floored
+        return grad * start, None, None
 
 
 def _res_diagonal(module: ManifoldConstrainedConnection) -> torch.Tensor:
@@ -85,33 +123,24 @@ class ManifoldConstrainedConnection(StreamMixing):
             declare_diagnostic(self, name)
         declare_diagnostic(self, "res_diagonal", _res_diagonal)
 
-    def _logits(self, h: torch.Tensor, rows: slice) -> torch.Tensor:
-        """(H~ before its bias and gate) for the projection rows ``rows``: r (vec x) phi[rows]^T, in float32."""
-        flat = h.float().flatten(-2)
-        inverse_rms = 1.0 / (flat.norm(dim=-1, keepdim=True) / flat.shape[-1] ** 0.5 + self.norm_eps)
-        return (flat @ self.phi[rows].float().t()) * inverse_rms
-
     def coefficients(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(H_pre (..., n), H_post (..., n), H_res (..., n, n), indexed [target, source]) for streams (..., n, d)."""
-        mixing, post = self.depth_weights(h)
-        return self.branch_weights(h).squeeze(-1), post, mixing.transpose(-1, -2)
-
-    def branch_weights(self, h: torch.Tensor) -> torch.Tensor:
+        """(H_pre (..., n), H_post (..., n), H_res (..., n, n), indexed [target, source]) for streams (..., n, d),
+        from one norm and one projection of the streams, in float32."""
         n = self.streams
         with torch.autocast(device_type=h.device.type, enabled=False):
-            pre_act = self._logits(h, slice(0, n)) * self.alpha_pre.float() + self.bias[:n].float()
-            return torch.sigmoid(pre_act).unsqueeze(-1)
+            flat = h.float().flatten(-2)
+            inverse_rms = 1.0 / (flat.norm(dim=-1, keepdim=True) / flat.shape[-1] ** 0.5 + self.norm_eps)
+            gates = torch.cat([self.alpha_pre.expand(n), self.alpha_post.expand(n), self.alpha_res.expand(n * n)])
+            h_tilde = (flat @ self.phi.float().t()) * inverse_rms * gates.float() + self.bias.float()
+            pre = torch.sigmoid(h_tilde[..., :n])
+            post = 2 * torch.sigmoid(h_tilde[..., n:2 * n])
+            res = sinkhorn_knopp(h_tilde[..., 2 * n:].unflatten(-1, (n, n)), self.sinkhorn_iters)
+        return pre, post, res
 
-    def depth_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Only the post and res rows: the pre rows were used by branch_input, on the same streams.
-        n = self.streams
-        with torch.autocast(device_type=h.device.type, enabled=False):
-            logits = self._logits(h, slice(n, None))
-            post = 2 * torch.sigmoid(logits[..., :n] * self.alpha_post.float() + self.bias[n:2 * n].float())
-            res_logits = logits[..., n:] * self.alpha_res.float() + self.bias[2 * n:].float()
-            res = sinkhorn_knopp(res_logits.unflatten(-1, (n, n)), self.sinkhorn_iters)
-        # StreamMixing's A is indexed [source, target]; the paper's H_res is [target, source].
-        return res.transpose(-1, -2), post
+    def mixing_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Row 0 H_pre, what the branch reads; rows 1..n H_res, already [target, source] as StreamMixing's rows.
+        pre, post, res = self.coefficients(h)
+        return torch.cat([pre.unsqueeze(-2), res], dim=-2), post
 
 
 class ManifoldConstrainedHyperConnections(MultiStreamResidual):
