@@ -1,10 +1,12 @@
 """Muon's step on parameters sharded as FSDP2 shards them (DTensors) on N gloo processes (tests/test_distributed.py).
 
 The same parameters and gradients on every process, each process holding its shards: after a few steps the
-gathered weights must equal the steps of one process on whole tensors, bit for bit (the whole update is gathered
-and orthogonalised once per matrix, and each process applies its own rows). The shapes cover a fused matrix
-(two logical parts), rows that do not split evenly, a matrix with fewer rows than processes (one process holds
-an empty shard), a column shard, and an AdamW-stepped parameter in the same optimizer.
+gathered weights must equal the steps of one process on whole tensors, bit for bit (the whole update is gathered,
+each process orthogonalises its share of every shape group and an all-gather brings the rest, and each process
+applies its own rows). The shapes cover fused matrices (two and three logical parts), rows that do not split
+evenly, a matrix with fewer rows than processes (one process holds an empty shard), a column shard, shape groups
+of one, three (tall parts joining a wide matrix) and four matrices, and an AdamW-stepped parameter in the same
+optimizer.
 
     python tests/muon_sharded_worker.py --world 2 --out weights.pt
 """
@@ -24,7 +26,9 @@ from arch_plugins.optimizers.muon import MuonWithAdamW  # noqa: E402
 
 STEPS = 3
 # (rows, columns), logical row slices, sharded dim
-MUON = [((9, 6), [(0, 3), (3, 9)], 0), ((5, 4), [(0, 5)], 0), ((1, 3), [(0, 1)], 0), ((4, 7), [(0, 4)], 1)]
+MUON = [((9, 6), [(0, 3), (3, 9)], 0), ((5, 4), [(0, 5)], 0), ((1, 3), [(0, 1)], 0), ((4, 7), [(0, 4)], 1),
+        ((12, 4), [(0, 4), (4, 8), (8, 12)], 0), ((4, 4), [(0, 4)], 1), ((16, 4), [(0, 8), (8, 16)], 0),
+        ((4, 8), [(0, 4)], 0)]
 ADAM = [((3, 5), 0)]
 
 
@@ -37,17 +41,18 @@ def problem() -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
     return weights, grads
 
 
-def optimizer(params: list[nn.Parameter]) -> MuonWithAdamW:
+def optimizer(params: list[nn.Parameter], optimizer_class: type = MuonWithAdamW) -> MuonWithAdamW:
     n = len(MUON)
-    return MuonWithAdamW([
+    return optimizer_class([
         {"params": params[:n], "muon": True, "lr": 0.05, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
          "ns_steps": 5, "adjust_lr": "original", "slices": [slices for _, slices, _ in MUON]},
         {"params": params[n:], "muon": False, "lr": 0.01, "weight_decay": 0.1},
     ], lr=0.01, betas=(0.9, 0.95), eps=1e-8)
 
 
-def train(mesh=None) -> list[torch.Tensor]:
-    """The weights after ``STEPS`` steps: on whole tensors (``mesh`` None) or on shards over ``mesh``."""
+def train(mesh=None, optimizer_class: type = MuonWithAdamW) -> list[torch.Tensor]:
+    """The weights after ``STEPS`` steps: on whole tensors (``mesh`` None) or on shards over ``mesh``, stepped by
+    ``optimizer_class`` (another version of Muon, for a test's reference)."""
     weights, grads = problem()
     dims = [dim for _, _, dim in MUON] + [dim for _, dim in ADAM]
 
@@ -59,7 +64,7 @@ def train(mesh=None) -> list[torch.Tensor]:
         return distribute_tensor(t, mesh, [Shard(dim)])
 
     params = [nn.Parameter(place(w, dim)) for w, dim in zip(weights, dims, strict=True)]
-    opt = optimizer(params)
+    opt = optimizer(params, optimizer_class)
     for step in grads:
         for p, grad, dim in zip(params, step, dims, strict=True):
             p.grad = place(grad, dim)

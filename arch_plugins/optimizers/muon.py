@@ -24,11 +24,16 @@ Under muP (``mup``) the parametrization declares a rule for Muon on every hidden
 the step's spectral norm is lr * sqrt(fan_out / fan_in) at every width. A parametrization that declares an
 Adam-derived rule and no Muon rule (``mup_wd``, ``completep``) is refused at build time, at every width.
 
-Distributed: under data parallelism (DDP) every process holds the whole, all-reduced gradient and computes the
-same update, so N processes equal one. Under FSDP2 a process holds a row shard of each matrix (a DTensor) and
-Newton-Schulz needs the whole matrix: each process keeps its shard of the momentum, all-gathers the whole update
-of a matrix, orthogonalises it (every process the same whole matrix: no second collective, and the processes
-cannot drift apart; the price is that each process repeats every matrix's Newton-Schulz) and applies its own rows.
+The step is batched (``shape_groups.py``): one foreach call per group for the momentum, the weight decay and the
+step, and one batched Newton-Schulz call per shape of logical matrix (a tall one joins its transpose's shape): its
+~25 operator calls are paid per shape, not per matrix (a matrix still costs a few views). The updates equal the
+per-matrix ones within bf16 rounding (``tests/test_muon_batched.py``).
+
+Distributed: under data parallelism (DDP) every process holds the whole, all-reduced gradient. Under FSDP2 a
+process holds a row shard of each matrix (a DTensor) and Newton-Schulz needs the whole matrix: each process keeps
+its shard of the momentum and all-gathers the whole update of a matrix. In both cases each process then
+orthogonalises its share of every shape group and one all-gather per group brings it the others' (bf16, the same
+bits on every process, so the processes cannot drift apart); it applies its own rows. N processes equal one.
 """
 
 from __future__ import annotations
@@ -47,7 +52,6 @@ from arch_plugins.declarations import (
     parameter_roles,
 )
 from arch_plugins.interfaces import Kind, OptimizerType
-from arch_plugins.optimizers.newton_schulz import orthogonalize
 from arch_plugins.optimizers.routing import (
     check_betas,
     check_multipliers,
@@ -57,6 +61,7 @@ from arch_plugins.optimizers.routing import (
     param_groups,
     settings,
 )
+from arch_plugins.optimizers.shape_groups import orthogonalize_by_shape
 from arch_plugins.registry import PluginError
 
 ADJUST_LR = {
@@ -109,43 +114,79 @@ class MuonWithAdamW(torch.optim.AdamW):
             super().step()
         finally:
             self.param_groups = everything
-        for group in everything:
-            if group.get("muon", False):
-                self._muon_step(group)
+        if muon_groups := [g for g in everything if g.get("muon", False)]:
+            self._muon_step(muon_groups)
         return loss
 
-    def _muon_step(self, group: dict) -> None:
-        lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
-        adjust = ADJUST_LR[group["adjust_lr"]]
-        for param, slices in zip(group["params"], group["slices"], strict=True):
-            if param.grad is None:
+    def _muon_step(self, groups: list[dict]) -> None:
+        """Every Muon group's momentum (one foreach call per group), then all their logical matrices orthogonalised
+        together by shape (``shape_groups``: one batched Newton-Schulz per shape, shared among processes), then each
+        group's weight decay (one foreach call) and steps (one foreach call per learning rate)."""
+        stepped, matrices, steps = [], [], []
+        for group in groups:
+            params = [(p, s) for p, s in zip(group["params"], group["slices"], strict=True) if p.grad is not None]
+            if not params:
                 continue
-            grad = param.grad
+            for (param, slices), update in zip(params, self._momentum(group, [p for p, _ in params]), strict=True):
+                whole = whole_tensor(update, param) if is_sharded(param) else update
+                matrices += [whole if (start, stop) == (0, len(whole)) else whole[start:stop] for start, stop in slices]
+                steps += [group["ns_steps"]] * len(slices)
+            stepped.append((group, params))
+        orthogonal = iter(orthogonalize_by_shape(matrices, steps))
+        for group, params in stepped:
+            lr, adjust = group["lr"], ADJUST_LR[group["adjust_lr"]]
+            torch._foreach_mul_([local(p) for p, _ in params], 1 - lr * group["weight_decay"])
+            steps_by_rate: dict[float, tuple[list, list]] = {}  # one foreach add per distinct scaled learning rate
+            for param, slices in params:
+                for start, stop in slices:
+                    for target, part in own_rows(param, start, stop, next(orthogonal)):
+                        targets, parts = steps_by_rate.setdefault(-lr * adjust(stop - start, param.shape[1]), ([], []))
+                        targets.append(target)
+                        parts.append(part)
+            for rate, (targets, parts) in steps_by_rate.items():
+                torch._foreach_add_(targets, parts, alpha=rate)
+
+    def _momentum(self, group: dict, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The momentum buffers of ``params`` updated in place (lerp form) and their updates (Nesterov by default),
+        on each process's own shards: momentum is element-wise."""
+        momentum, buffers, counts = group["momentum"], [], []
+        for param in params:
             state = self.state[param]
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+                state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
                 # AdamW's loader expects a step count in every state (and it is worth having).
                 state["step"] = torch.tensor(0.0)
-            state["step"] += 1
-            buf = state["momentum_buffer"]
-            buf.lerp_(grad, 1 - momentum)
-            update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-            sharded = is_sharded(param)
-            if sharded:  # FSDP2: the whole update on every process (all-gather), the shards of the state stay
-                update = update.full_tensor()
-            parts = [(start, stop, orthogonalize(update[start:stop], steps=group["ns_steps"]))
-                     for start, stop in slices]
-            param.mul_(1 - lr * wd)
-            if not sharded:
-                for start, stop, orthogonal in parts:
-                    param[start:stop].add_(orthogonal, alpha=-lr * adjust(stop - start, param.shape[1]))
-                continue
-            local, (rows, cols) = param.to_local(), local_box(param)
-            for start, stop, orthogonal in parts:  # this process's rows of each logical matrix
-                first, last = max(start, rows.start), min(stop, rows.stop)
-                if first < last:
-                    local[first - rows.start:last - rows.start].add_(
-                        orthogonal[first - start:last - start, cols], alpha=-lr * adjust(stop - start, param.shape[1]))
+            buffers.append(local(state["momentum_buffer"]))
+            counts.append(state["step"])
+        torch._foreach_add_(counts, 1)
+        grads = [local(p.grad) for p in params]
+        torch._foreach_lerp_(buffers, grads, 1 - momentum)
+        return torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of ``tensor``: its local shard for a DTensor, else the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "device_mesh") else tensor
+
+
+def whole_tensor(local_update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """The whole matrix of which ``local_update`` is this process's shard, sharded as ``param`` (an all-gather)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local_update, param.device_mesh, param.placements, run_check=False, shape=param.shape,
+                              stride=param.stride()).full_tensor()
+
+
+def own_rows(param: torch.Tensor, start: int, stop: int, orthogonal: torch.Tensor):
+    """(the rows of ``param`` this process holds within logical rows start:stop, the matching ``orthogonal`` rows):
+    the rows start:stop of a whole matrix, the intersection with this process's box of a sharded one (maybe none)."""
+    if not is_sharded(param):
+        return [(param if (start, stop) == (0, param.shape[0]) else param[start:stop], orthogonal)]
+    shard, (rows, cols) = param.to_local(), local_box(param)
+    first, last = max(start, rows.start), min(stop, rows.stop)
+    if first >= last:
+        return []
+    return [(shard[first - rows.start:last - rows.start], orthogonal[first - start:last - start, cols])]
 
 
 class MuonOptimizer(OptimizerType):
