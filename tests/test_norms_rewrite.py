@@ -1,0 +1,105 @@
+"""Issue 43 item 2: the hand-written norms moved onto fused native ops compute what they computed before.
+
+Each ``reference_...`` below is the pre-rewrite version, copied from commit f9b8b5d (the last commit that touched
+``arch_plugins/norms`` before the rewrite). The rewritten module is compared with it on the same inputs and
+parameters: forward output and the gradients of the input and of every parameter in fp32, and for the batch-statistic
+norms the running statistics after a few training steps and the eval-mode output. The ops differ (rsqrt-multiply
+against sqrt-divide, a GEMV against a multiply and a sum, a complex multiply against four real ones), so the
+comparison is to fp32 rounding: atol 1e-6 / rtol 1e-5 unless a line says otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from arch_plugins.norms.hypersphere import l2_normalize
+
+ATOL, RTOL = 1e-6, 1e-5  # fp32 rounding of a few differently ordered ops on O(1) values
+
+
+def close(actual, expected, msg, atol=ATOL, rtol=RTOL):
+    """assert_close with atol relative to the tensor's scale: gradients through a tiny row's 1/rms are in the
+    hundreds, and an element that cancels to near zero among them carries their absolute rounding."""
+    scale = max(1.0, expected.detach().abs().max().item()) if expected.numel() else 1.0
+    torch.testing.assert_close(actual, expected, atol=atol * scale, rtol=rtol, msg=msg)
+
+
+# ---- the pre-rewrite versions (commit f9b8b5d) ----------------------------------------------------------------------
+
+def reference_l2_normalize(x, eps=1e-12):
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
+    return x * torch.rsqrt(x.square().sum(dim=-1, keepdim=True).clamp_min(eps * eps))
+
+
+class _Reference(nn.Module):
+    """Wraps a deep copy of a rewritten module and runs the pre-rewrite forward on it (same parameters, buffers)."""
+
+    def __init__(self, module: nn.Module, forward):
+        super().__init__()
+        self.inner, self.reference_forward = copy.deepcopy(module), forward
+
+    def forward(self, x):
+        return self.reference_forward(self.inner, x)
+
+
+def _randomise(module: nn.Module, seed: int) -> None:
+    """Moves every parameter off its init (a zero beta or a unit gain would hide a wrong term)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5 + (1.0 if p.dim() == 0 else 0.0))
+
+
+def _input(shape, seed, dtype=torch.float32, scale=1.0, offset=0.0):
+    """Random rows, the first of them scaled down to where a norm's eps is a visible share of its mean square."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * scale + offset
+    x.view(-1, shape[-1])[0] *= 1e-3
+    return x.to(dtype).requires_grad_()
+
+
+def assert_same_function(new: nn.Module, old: nn.Module, x: torch.Tensor, *, atol=ATOL, rtol=RTOL, steps=1):
+    """Output, input gradient and every parameter's gradient equal, ``steps`` times over (buffers may move)."""
+    old_params = dict(old.named_parameters())
+    for step in range(steps):
+        xa, xb = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+        ya, yb = new(xa), old(xb)
+        assert ya.dtype == yb.dtype and ya.shape == yb.shape
+        close(ya, yb, lambda m, step=step: f"forward, step {step}: {m}", atol, rtol)
+        g = torch.randn(ya.shape, generator=torch.Generator().manual_seed(100 + step)).to(ya.dtype)
+        new.zero_grad(), old.zero_grad()
+        (ya.float() * g.float()).sum().backward()
+        (yb.float() * g.float()).sum().backward()
+        close(xa.grad, xb.grad, lambda m, step=step: f"grad x, step {step}: {m}", atol, rtol)
+        for name, p in new.named_parameters():
+            q = old_params.get(name, old_params.get(f"inner.{name}"))
+            close(p.grad, q.grad, lambda m, name=name, step=step: f"grad {name}, step {step}: {m}", atol, rtol)
+
+
+SHAPES = [(2, 5, 24), (7, 48), (1, 3, 96)]
+
+
+# ---- single-norm plugins ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("eps", [1e-12, 1e-3])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_l2_normalize_through_f_normalize_equals_the_hand_written_one(shape, eps):
+    x = _input(shape, 5)
+    with torch.no_grad():  # rows at, under and over the bound eps: the clamp's both sides and the zero vector
+        x[..., 0, :] = 0.0
+        if x.shape[-2] > 2:
+            x[..., 1, :] *= eps / 10
+            x[..., 2, :] *= eps * 10 / math.sqrt(shape[-1])
+    wrap = lambda f: type("F", (nn.Module,), {"forward": lambda self, t: f(t, eps)})()  # noqa: E731
+    assert_same_function(wrap(l2_normalize), wrap(reference_l2_normalize), x)
+
+
+# ---- dtype under autocast --------------------------------------------------------------------------------------------
+
+# ---- batch-statistic norms: running statistics and eval outputs ------------------------------------------------------
+
