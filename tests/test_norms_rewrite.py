@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from arch_plugins.norms.hypersphere import l2_normalize
+from arch_plugins.norms.powernorm import GroupScaling, PowerNorm
 
 ATOL, RTOL = 1e-6, 1e-5  # fp32 rounding of a few differently ordered ops on O(1) values
 
@@ -30,6 +31,12 @@ def close(actual, expected, msg, atol=ATOL, rtol=RTOL):
 
 
 # ---- the pre-rewrite versions (commit f9b8b5d) ----------------------------------------------------------------------
+
+def reference_group_scaling_forward(self, x):
+    grouped = x.reshape(*x.shape[:-1], self.groups, x.shape[-1] // self.groups)
+    moment2 = grouped.square().mean(dim=-1, keepdim=True)
+    return (grouped / torch.sqrt(moment2 + self.eps)).reshape(x.shape)
+
 
 def reference_l2_normalize(x, eps=1e-12):
     x = x.to(torch.promote_types(x.dtype, torch.float32))
@@ -86,6 +93,13 @@ SHAPES = [(2, 5, 24), (7, 48), (1, 3, 96)]
 
 # ---- single-norm plugins ---------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_powernorm_group_scaling_on_native_rms_norm_equals_the_hand_written_one(shape, groups):
+    new = GroupScaling(groups, eps=1e-5)
+    assert_same_function(new, _Reference(new, reference_group_scaling_forward), _input(shape, 4, scale=2.0))
+
+
 @pytest.mark.parametrize("eps", [1e-12, 1e-3])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_l2_normalize_through_f_normalize_equals_the_hand_written_one(shape, eps):
@@ -103,3 +117,15 @@ def test_l2_normalize_through_f_normalize_equals_the_hand_written_one(shape, eps
 
 # ---- batch-statistic norms: running statistics and eval outputs ------------------------------------------------------
 
+def test_powernorm_over_native_group_scaling_equals_the_hand_written_one():
+    """PowerNorm's own batch statistics are unchanged; its group scaling now runs on the native RMSNorm. Training
+    steps on both sides of the warmup (running statistic, ema_gz, gradients), then eval outputs."""
+    new = PowerNorm(24, groups=4, warmup_iters=2)
+    _randomise(new, 16)
+    old = copy.deepcopy(new)
+    old.group_scaling.forward = reference_group_scaling_forward.__get__(old.group_scaling)
+    for step in range(5):
+        assert_same_function(new, old, _input((3, 5, 24), 70 + step, scale=1.5))
+        for name in ("running_phi", "ema_gz", "iters"):
+            torch.testing.assert_close(getattr(new, name), getattr(old, name), atol=ATOL, rtol=RTOL)
+    assert_same_function(new.eval(), old.eval(), _input((3, 5, 24), 80))
