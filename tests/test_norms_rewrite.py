@@ -17,8 +17,10 @@ import pytest
 import torch
 from torch import nn
 
+from arch_plugins.norms.batch_norm import SyncTokenBatchNorm
 from arch_plugins.norms.hypersphere import l2_normalize
 from arch_plugins.norms.powernorm import GroupScaling, PowerNorm
+from arch_plugins.norms.prepbn import RepBN
 
 ATOL, RTOL = 1e-6, 1e-5  # fp32 rounding of a few differently ordered ops on O(1) values
 
@@ -41,6 +43,23 @@ def reference_group_scaling_forward(self, x):
 def reference_l2_normalize(x, eps=1e-12):
     x = x.to(torch.promote_types(x.dtype, torch.float32))
     return x * torch.rsqrt(x.square().sum(dim=-1, keepdim=True).clamp_min(eps * eps))
+
+
+def reference_sync_token_batch_norm_forward(self, x):
+    # The synchronised path, as it was: on one process the reductions are the identity.
+    if not self.training:
+        return self.affine_at_inference_apply(x)
+    flat = x.reshape(-1, x.shape[-1]).float()
+    count = torch.full((1,), float(flat.shape[0]), device=x.device)
+    mean = flat.sum(dim=0) / count
+    centred = flat - mean
+    var = centred.square().sum(dim=0) / count
+    with torch.no_grad():
+        unbiased = var * (count / (count - 1).clamp(min=1))
+        self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+        self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+    y = centred * torch.rsqrt(var + self.eps) * self.weight + self.bias
+    return y.reshape(x.shape).to(x.dtype)
 
 
 class _Reference(nn.Module):
@@ -116,6 +135,32 @@ def test_l2_normalize_through_f_normalize_equals_the_hand_written_one(shape, eps
 # ---- dtype under autocast --------------------------------------------------------------------------------------------
 
 # ---- batch-statistic norms: running statistics and eval outputs ------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(4, 6, 12), (32, 12), (3, 1, 12), (1, 12)])
+@pytest.mark.parametrize("sync", [True, False])
+def test_token_batch_norm_on_native_batch_norm_equals_the_hand_written_one(shape, sync):
+    """Four training steps (outputs, gradients, running mean and variance after each), then eval outputs."""
+    new = SyncTokenBatchNorm(shape[-1], eps=1e-5, sync=sync)
+    _randomise(new, 14)
+    old = _Reference(new, reference_sync_token_batch_norm_forward)
+    for step in range(4):
+        x = _input(shape, 30 + step, scale=2.0, offset=0.5 * step)
+        assert_same_function(new, old, x)
+        torch.testing.assert_close(new.running_mean, old.inner.running_mean, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(new.running_var, old.inner.running_var, atol=ATOL, rtol=RTOL)
+    assert_same_function(new.eval(), old.eval(), _input(shape, 40))
+
+
+def test_repbn_over_the_native_batch_norm_equals_the_hand_written_one():
+    new = RepBN(16, eps=1e-6, alpha_init=0.3, zero_init=False, sync=True)
+    _randomise(new, 15)
+    old = copy.deepcopy(new)
+    old.bn.forward = reference_sync_token_batch_norm_forward.__get__(old.bn)
+    for step in range(3):
+        assert_same_function(new, old, _input((3, 7, 16), 50 + step, offset=1.0))
+    torch.testing.assert_close(new.bn.running_var, old.bn.running_var, atol=ATOL, rtol=RTOL)
+    assert_same_function(new.eval(), old.eval(), _input((3, 7, 16), 60))
+
 
 def test_powernorm_over_native_group_scaling_equals_the_hand_written_one():
     """PowerNorm's own batch statistics are unchanged; its group scaling now runs on the native RMSNorm. Training

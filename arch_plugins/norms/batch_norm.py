@@ -8,21 +8,30 @@ E[x^2] - E[x]^2, which loses precision in fp32 when the mean is large against th
 ``nn.SyncBatchNorm`` does the same but runs only on GPUs; this one runs on CPU and gloo as well.
 
 Running statistics follow ``nn.BatchNorm1d``: momentum 0.1, unbiased variance (n / (n - 1)).
+
+With nothing to synchronise (one process, or ``sync`` off) the same statistics are the native ``F.batch_norm``'s,
+which computes them in one fused kernel each way; the hand-written two-pass path above serves the synchronised case.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from arch_plugins.declarations import declare_roles
 from arch_plugins.interfaces import Role
 
 
-def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+def _distributed() -> bool:
+    """Whether there are other data-parallel processes to reduce statistics with."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _all_reduce(t: torch.Tensor) -> torch.Tensor:
+    if not _distributed():
         return t
     from torch.distributed.nn.functional import all_reduce
 
@@ -71,6 +80,14 @@ class SyncTokenBatchNorm(nn.Module):
         if not self.training:
             return self.affine_at_inference_apply(x)
         flat = x.reshape(-1, x.shape[-1]).float()
+        if flat.shape[0] > 1 and not (self.sync and _distributed()):
+            # One process's statistics: the native BatchNorm computes exactly this (biased variance in the
+            # normalisation, the unbiased one lerped into the running variance with the same momentum) in one fused
+            # kernel each way. Synchronised statistics (and a lone token, which the native op refuses) take the
+            # path below.
+            y = F.batch_norm(flat, self.running_mean, self.running_var, self.weight, self.bias, training=True,
+                             momentum=self.momentum, eps=self.eps)
+            return y.reshape(x.shape).to(x.dtype)
         count = self._reduce(torch.full((1,), float(flat.shape[0]), device=x.device))
         mean = self._reduce(flat.sum(dim=0)) / count
         centred = flat - mean
