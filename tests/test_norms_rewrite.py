@@ -15,12 +15,14 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from arch_plugins.norms.batch_norm import SyncTokenBatchNorm
 from arch_plugins.norms.hypersphere import l2_normalize
 from arch_plugins.norms.powernorm import GroupScaling, PowerNorm
 from arch_plugins.norms.prepbn import RepBN
+from arch_plugins.norms.seednorm import SeeDNorm
 
 ATOL, RTOL = 1e-6, 1e-5  # fp32 rounding of a few differently ordered ops on O(1) values
 
@@ -43,6 +45,14 @@ def reference_group_scaling_forward(self, x):
 def reference_l2_normalize(x, eps=1e-12):
     x = x.to(torch.promote_types(x.dtype, torch.float32))
     return x * torch.rsqrt(x.square().sum(dim=-1, keepdim=True).clamp_min(eps * eps))
+
+
+def reference_seednorm_forward(self, x):
+    d = x.shape[-1]
+    per_head = (x.unflatten(-1, (self.heads, d // self.heads)) * self.beta.view(self.heads, -1)).sum(-1)
+    gate = torch.tanh(per_head * self.dot_scale)
+    dynamic = (gate.unsqueeze(-1) * self.alpha.view(self.heads, -1)).flatten(-2)
+    return F.rms_norm(x, (d,), eps=self.eps) * (self.drop(dynamic) + self.weight)
 
 
 def reference_sync_token_batch_norm_forward(self, x):
@@ -130,6 +140,29 @@ def test_l2_normalize_through_f_normalize_equals_the_hand_written_one(shape, eps
             x[..., 2, :] *= eps * 10 / math.sqrt(shape[-1])
     wrap = lambda f: type("F", (nn.Module,), {"forward": lambda self, t: f(t, eps)})()  # noqa: E731
     assert_same_function(wrap(l2_normalize), wrap(reference_l2_normalize), x)
+
+
+@pytest.mark.parametrize("heads, mean_dot", [(1, False), (4, True)])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_seednorm_with_a_gemv_gate_and_fused_gain_equals_the_hand_written_one(shape, heads, mean_dot):
+    new = SeeDNorm(shape[-1], heads=heads, alpha_init=1.0, eps=1e-6, mean_dot=mean_dot)
+    _randomise(new, 6)
+    assert_same_function(new, _Reference(new, reference_seednorm_forward), _input(shape, 7))
+
+
+def test_seednorm_dropout_path_equals_the_hand_written_one():
+    new = SeeDNorm(24, heads=1, dropout=0.3)
+    _randomise(new, 8)
+    old, x = _Reference(new, reference_seednorm_forward), _input((3, 4, 24), 9)
+    for module in (new, old):
+        module.train()
+    torch.manual_seed(0)
+    ya = new(x)
+    torch.manual_seed(0)  # the same dropout mask: both draw it over the same (..., d) dynamic term
+    yb = old(x)
+    torch.testing.assert_close(ya, yb, atol=ATOL, rtol=RTOL)
+    new.eval(), old.eval()
+    assert_same_function(new, old, x)
 
 
 # ---- dtype under autocast --------------------------------------------------------------------------------------------

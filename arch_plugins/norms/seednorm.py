@@ -42,11 +42,21 @@ class SeeDNorm(nn.Module):
         declare_diagnostic(self, "beta_norm", _beta_norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        d = x.shape[-1]
-        per_head = (x.unflatten(-1, (self.heads, d // self.heads)) * self.beta.view(self.heads, -1)).sum(-1)
-        gate = torch.tanh(per_head * self.dot_scale)  # (..., heads), bounded: unbounded gates diverge
-        dynamic = (gate.unsqueeze(-1) * self.alpha.view(self.heads, -1)).flatten(-2)
-        return F.rms_norm(x, (d,), eps=self.eps) * (self.drop(dynamic) + self.weight)
+        d, h = x.shape[-1], self.heads
+        if h == 1:
+            # One head: <x, beta> is a matrix-vector product, no (..., d) temporary. Outside autocast, which would
+            # run it in bf16; in the dtype x * beta promotes to, as the elementwise form computed it.
+            with torch.autocast(x.device.type, enabled=False):
+                per_head = x.to(torch.result_type(x, self.beta)) @ self.beta.unsqueeze(-1)
+        else:
+            per_head = (x.unflatten(-1, (h, d // h)) * self.beta.view(h, -1)).sum(-1)
+        gate = torch.tanh(per_head * self.dot_scale if self.dot_scale != 1.0 else per_head)  # bounded: see above
+        if isinstance(self.drop, nn.Identity) or not self.training:
+            # gamma + gate * alpha in one pass (addcmul) instead of a multiply and an add over (..., d).
+            gain = torch.addcmul(self.weight.view(h, -1), gate.unsqueeze(-1), self.alpha.view(h, -1)).flatten(-2)
+        else:  # dropout acts on the dynamic term alone, so it is materialised first
+            gain = self.drop((gate.unsqueeze(-1) * self.alpha.view(h, -1)).flatten(-2)) + self.weight
+        return F.rms_norm(x, (d,), eps=self.eps) * gain
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, heads={self.heads}, eps={self.eps}"
