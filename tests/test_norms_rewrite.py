@@ -23,6 +23,7 @@ from arch_plugins.norms.hypersphere import l2_normalize
 from arch_plugins.norms.powernorm import GroupScaling, PowerNorm
 from arch_plugins.norms.prepbn import RepBN
 from arch_plugins.norms.seednorm import SeeDNorm
+from arch_plugins.norms.zero_mean import CRMSNorm, ZeroMeanRMSNorm
 
 ATOL, RTOL = 1e-6, 1e-5  # fp32 rounding of a few differently ordered ops on O(1) values
 
@@ -35,6 +36,20 @@ def close(actual, expected, msg, atol=ATOL, rtol=RTOL):
 
 
 # ---- the pre-rewrite versions (commit f9b8b5d) ----------------------------------------------------------------------
+
+def reference_zero_mean_forward(self, x):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + self.eps)
+    return self.affine(y.type_as(x))
+
+
+def reference_crms_forward(self, x):
+    kept = x[..., :-1].float()
+    total = kept.sum(dim=-1, keepdim=True)
+    scale = torch.rsqrt((kept.square().sum(dim=-1, keepdim=True) + total.square()) / x.shape[-1] + self.eps)
+    y = torch.cat([kept, -total], dim=-1) * scale
+    return self.affine(y.type_as(x))
+
 
 def reference_group_scaling_forward(self, x):
     grouped = x.reshape(*x.shape[:-1], self.groups, x.shape[-1] // self.groups)
@@ -121,6 +136,15 @@ SHAPES = [(2, 5, 24), (7, 48), (1, 3, 96)]
 
 
 # ---- single-norm plugins ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_zero_mean_rms_norms_on_native_rms_norm_equal_the_hand_written_ones(shape, affine):
+    for cls, reference in ((ZeroMeanRMSNorm, reference_zero_mean_forward), (CRMSNorm, reference_crms_forward)):
+        new = cls(shape[-1], 1e-5, affine)
+        _randomise(new, 2)
+        assert_same_function(new, _Reference(new, reference), _input(shape, 3, offset=0.3))
+
 
 @pytest.mark.parametrize("groups", [1, 4])
 @pytest.mark.parametrize("shape", SHAPES)
