@@ -23,6 +23,7 @@ from arch_plugins.norms.hypersphere import l2_normalize
 from arch_plugins.norms.powernorm import GroupScaling, PowerNorm
 from arch_plugins.norms.prepbn import RepBN
 from arch_plugins.norms.seednorm import SeeDNorm
+from arch_plugins.norms.single_scale import SingleScaleRMSNorm
 from arch_plugins.norms.zero_mean import CRMSNorm, ZeroMeanRMSNorm
 
 ATOL, RTOL = 1e-6, 1e-5  # fp32 rounding of a few differently ordered ops on O(1) values
@@ -36,6 +37,11 @@ def close(actual, expected, msg, atol=ATOL, rtol=RTOL):
 
 
 # ---- the pre-rewrite versions (commit f9b8b5d) ----------------------------------------------------------------------
+
+def reference_single_scale_forward(self, x):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + self.eps) * self.scale).to(x.dtype)
+
 
 def reference_zero_mean_forward(self, x):
     xf = x.float()
@@ -136,6 +142,13 @@ SHAPES = [(2, 5, 24), (7, 48), (1, 3, 96)]
 
 
 # ---- single-norm plugins ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_ssnorm_on_native_rms_norm_equals_the_hand_written_one(shape):
+    new = SingleScaleRMSNorm(eps=1e-6)
+    _randomise(new, 0)
+    assert_same_function(new, _Reference(new, reference_single_scale_forward), _input(shape, 1, scale=3.0))
+
 
 @pytest.mark.parametrize("affine", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
