@@ -24,6 +24,7 @@ from arch_plugins.norms.powernorm import GroupScaling, PowerNorm
 from arch_plugins.norms.prepbn import RepBN
 from arch_plugins.norms.seednorm import SeeDNorm
 from arch_plugins.norms.single_scale import SingleScaleRMSNorm
+from arch_plugins.norms.three_phase import PhaseRotation
 from arch_plugins.norms.zero_mean import CRMSNorm, ZeroMeanRMSNorm
 
 ATOL, RTOL = 1e-6, 1e-5  # fp32 rounding of a few differently ordered ops on O(1) values
@@ -74,6 +75,14 @@ def reference_seednorm_forward(self, x):
     gate = torch.tanh(per_head * self.dot_scale)
     dynamic = (gate.unsqueeze(-1) * self.alpha.view(self.heads, -1)).flatten(-2)
     return F.rms_norm(x, (d,), eps=self.eps) * (self.drop(dynamic) + self.weight)
+
+
+def reference_phase_rotation_forward(self, x):
+    pairs = x.unflatten(-1, (self.phases, -1, 2))
+    angle = self.theta + self.offsets.unsqueeze(-1)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    even, odd = pairs[..., 0], pairs[..., 1]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-3)
 
 
 def reference_sync_token_batch_norm_forward(self, x):
@@ -202,7 +211,46 @@ def test_seednorm_dropout_path_equals_the_hand_written_one():
     assert_same_function(new, old, x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("phases, layer", [(1, 0), (3, 2)])
+def test_3pt_rotation_as_a_complex_multiply_equals_the_givens_form(phases, layer, dtype):
+    new = PhaseRotation(48, phases, layer, 4)
+    _randomise(new, 10)
+    x = _input((2, 5, 48), 11, dtype=dtype)
+    assert_same_function(new, _Reference(new, reference_phase_rotation_forward), x)
+
+
+def test_3pt_rotation_keeps_the_real_form_for_bf16():
+    new = PhaseRotation(48, 3, 1, 4)
+    x = _input((2, 5, 48), 12, dtype=torch.bfloat16)
+    torch.testing.assert_close(new(x), reference_phase_rotation_forward(new, x), atol=0, rtol=0)  # the same ops
+
+
 # ---- dtype under autocast --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("input_dtype", [torch.float32, torch.bfloat16])
+def test_rewritten_norms_keep_their_dtypes_under_autocast(input_dtype):
+    """Under bf16 autocast each rewritten module returns the dtype its old form returned, with its values (to bf16
+    rounding where the output is bf16)."""
+    d = 48
+    cases = [(SingleScaleRMSNorm(), reference_single_scale_forward), (ZeroMeanRMSNorm(d, 1e-5, True),
+             reference_zero_mean_forward), (CRMSNorm(d, 1e-5, True), reference_crms_forward),
+             (GroupScaling(4), reference_group_scaling_forward), (SeeDNorm(d), reference_seednorm_forward),
+             (PhaseRotation(d, 3, 0, 2), reference_phase_rotation_forward)]
+    x = _input((2, 3, d), 13, dtype=input_dtype).detach()
+    for i, (module, reference) in enumerate(cases):
+        _randomise(module, 20 + i)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ya, yb = module(x), reference(module, x)
+        assert ya.dtype == yb.dtype, type(module).__name__
+        tol = 1e-2 if ya.dtype == torch.bfloat16 else 1e-5
+        name = type(module).__name__
+        torch.testing.assert_close(ya, yb, atol=tol, rtol=tol, msg=lambda m, name=name: f"{name}: {m}")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ya, yb = l2_normalize(x), reference_l2_normalize(x)
+    assert ya.dtype == yb.dtype == torch.float32
+    torch.testing.assert_close(ya, yb, atol=ATOL, rtol=RTOL)
+
 
 # ---- batch-statistic norms: running statistics and eval outputs ------------------------------------------------------
 

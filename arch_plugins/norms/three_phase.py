@@ -71,6 +71,12 @@ class PhaseRotation(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pairs = x.unflatten(-1, (self.phases, -1, 2))  # (..., phase, pair k, even/odd)
         angle = self.theta + self.offsets.unsqueeze(-1)  # (phase, k)
+        if x.dtype in (torch.float32, torch.float64) and x.dtype == angle.dtype:
+            # The pair (even, odd) as the complex number even + i odd: the rotation is one complex multiply by
+            # e^{i angle} (even cos - odd sin, even sin + odd cos), one pass instead of seven. Complex types exist
+            # for fp32 and fp64 only; other dtypes take the real form below.
+            turned = torch.view_as_complex(pairs.contiguous()) * torch.polar(torch.ones_like(angle), angle)
+            return torch.view_as_real(turned).flatten(-3)
         cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
         even, odd = pairs[..., 0], pairs[..., 1]
         return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-3)
