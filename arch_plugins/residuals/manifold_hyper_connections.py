@@ -87,8 +87,9 @@ class _Sinkhorn(torch.autograd.Function):
         (logits,) = ctx.saved_tensors
         start, _, steps = _sinkhorn_steps(logits, ctx.iters, ctx.eps, keep=True)
         for dim, out, floored, unfloored in reversed(steps):
-            through_sum = torch.where(unfloored, (grad * out).sum(dim=dim, keepdim=True), 0.0)
-            grad = (grad - through_sum) / floored
+            # grad - [sum m >= eps] sum(grad * y), the mask multiplied in (a where would cost two ops a step)
+            through_sum = (grad * out).sum(dim=dim, keepdim=True)
+            grad = torch.addcmul(grad, through_sum, unfloored, value=-1) / floored
         return grad * start, None, None
 
 
