@@ -79,6 +79,10 @@ class DepthSoftmax(torch.autograd.Function):
     inside and freed there. Saved for backward: the sources as given, and the logits, the weights and the ``r_i``
     (one value per token per source); backward stacks the sources again. Per-token values keep a trailing axis of 1
     so that they broadcast over the width without an unsqueeze (each one an op).
+
+    Not a buffer that each state is written into once as it appears, which would spare the forward's stack copy:
+    a later write into it would invalidate what the earlier consumers saved of it (autograd's version check), and
+    the copy costs bytes, where this shape's step is paid in dispatched ops.
     """
 
     @staticmethod
