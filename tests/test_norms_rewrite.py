@@ -220,6 +220,24 @@ def test_3pt_rotation_as_a_complex_multiply_equals_the_givens_form(phases, layer
     assert_same_function(new, _Reference(new, reference_phase_rotation_forward), x)
 
 
+def test_3pt_rotation_under_compile_takes_the_real_form():
+    """Inductor fuses the real Givens form with its neighbours and would leave a complex multiply to eager kernels:
+    the graph torch.compile captures holds no complex op, and computes what the eager complex form computes."""
+    new = PhaseRotation(48, 3, 1, 4)
+    _randomise(new, 17)
+    captured = []
+
+    def backend(gm, example_inputs):
+        captured.extend(str(node.target) for node in gm.graph.nodes)
+        return gm.forward
+
+    x = _input((2, 5, 48), 18).detach()
+    torch._dynamo.reset()
+    compiled = torch.compile(new, backend=backend, fullgraph=True)
+    close(compiled(x), new(x), lambda m: m)
+    assert captured and not [t for t in captured if "complex" in t or "polar" in t], captured
+
+
 def test_3pt_rotation_keeps_the_real_form_for_bf16():
     new = PhaseRotation(48, 3, 1, 4)
     x = _input((2, 5, 48), 12, dtype=torch.bfloat16)

@@ -71,10 +71,11 @@ class PhaseRotation(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pairs = x.unflatten(-1, (self.phases, -1, 2))  # (..., phase, pair k, even/odd)
         angle = self.theta + self.offsets.unsqueeze(-1)  # (phase, k)
-        if x.dtype in (torch.float32, torch.float64) and x.dtype == angle.dtype:
+        if x.dtype in (torch.float32, torch.float64) and x.dtype == angle.dtype and not torch.compiler.is_compiling():
             # The pair (even, odd) as the complex number even + i odd: the rotation is one complex multiply by
             # e^{i angle} (even cos - odd sin, even sin + odd cos), one pass instead of seven. Complex types exist
-            # for fp32 and fp64 only; other dtypes take the real form below.
+            # for fp32 and fp64 only; other dtypes take the real form below, and so does torch.compile, which fuses
+            # the real form into its neighbours but leaves complex ops to eager kernels.
             turned = torch.view_as_complex(pairs.contiguous()) * torch.polar(torch.ones_like(angle), angle)
             return torch.view_as_real(turned).flatten(-3)
         cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
