@@ -147,13 +147,20 @@ def mix(mixing: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 
 class Streams(ResidualStream):
-    """Repeats the embedding into n streams before the first block and sums (or averages) them after the last."""
+    """Repeats the embedding into n streams before the first block and sums (or averages) them after the last.
 
-    def __init__(self, streams: int, reduce: str = "sum"):
+    With ``stream_dtype="compute"`` the streams are carried in autocast's dtype while autocast is on (bf16 streams
+    under bf16 autocast: half the bytes of every pass over them, and the mixing and merge then run in it too); in
+    float32 otherwise, as the plain residual's stream.
+    """
+
+    def __init__(self, streams: int, reduce: str = "sum", stream_dtype: str = "float32"):
         super().__init__()
-        self.streams, self.reduce = streams, reduce
+        self.streams, self.reduce, self.stream_dtype = streams, reduce, stream_dtype
 
     def begin(self, x: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
+        if self.stream_dtype == "compute" and torch.is_autocast_enabled(x.device.type):
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         return x.unsqueeze(-2).expand(*x.shape[:-1], self.streams, x.shape[-1])
 
     def end(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
@@ -165,14 +172,21 @@ class MultiStreamResidual(ResidualType):
 
     reduce = "sum"  # how the streams become one after the last block
 
-    def __init__(self, streams: int):
+    def __init__(self, streams: int, stream_dtype: str = "float32"):
         if not isinstance(streams, int) or isinstance(streams, bool) or streams < 1:
             raise ValueError(f"streams is the number of residual streams n (the paper uses 4); give an integer >= 1, "
                              f"got {streams!r}")
-        self.streams = streams
+        if stream_dtype not in STREAM_DTYPES:
+            raise ValueError(f"stream_dtype is the dtype the n streams are carried in: give one of "
+                             f"{', '.join(STREAM_DTYPES)}, got {stream_dtype!r}")
+        self.streams, self.stream_dtype = streams, stream_dtype
 
     def stream(self, stack: StackInfo) -> Streams:
-        return Streams(self.streams, self.reduce)
+        return Streams(self.streams, self.reduce, self.stream_dtype)
+
+
+# "float32": the streams keep the plain residual's float32; "compute": autocast's dtype while autocast is on.
+STREAM_DTYPES = ("float32", "compute")
 
 
 class HyperConnections(MultiStreamResidual):
@@ -183,13 +197,15 @@ class HyperConnections(MultiStreamResidual):
         dynamic: DHC (the paper's best: weights depend on the streams through tanh(RMSNorm(H) W)) or SHC (static).
         tanh: the tanh on the dynamic part (the reference's default).
         dynamic_scale: initial s_alpha, s_beta (0.01 as the reference).
+        stream_dtype: "float32" (default) or "compute": the streams in autocast's dtype while autocast is on.
     """
 
     # One stream: the width and depth connections are 1, the dynamic parts start at zero.
     init_identities = (InitIdentity("add", {"streams": 1}),)
 
-    def __init__(self, streams: int = 4, dynamic: bool = True, tanh: bool = True, dynamic_scale: float = 0.01):
-        super().__init__(streams)
+    def __init__(self, streams: int = 4, dynamic: bool = True, tanh: bool = True, dynamic_scale: float = 0.01,
+                 stream_dtype: str = "float32"):
+        super().__init__(streams, stream_dtype)
         self.dynamic, self.tanh, self.dynamic_scale = dynamic, tanh, dynamic_scale
 
     def merge(self, sublayer: str, layer: int, stack: StackInfo) -> HyperConnection:
@@ -203,7 +219,8 @@ class StaticHyperConnections(HyperConnections):
 
     Args:
         streams: n, the expansion rate (the paper uses 4); 1 is the plain residual at init.
+        stream_dtype: "float32" (default) or "compute": the streams in autocast's dtype while autocast is on.
     """
 
-    def __init__(self, streams: int = 4):
-        super().__init__(streams=streams, dynamic=False)
+    def __init__(self, streams: int = 4, stream_dtype: str = "float32"):
+        super().__init__(streams=streams, dynamic=False, stream_dtype=stream_dtype)

@@ -153,12 +153,15 @@ class ManifoldConstrainedHyperConnections(MultiStreamResidual):
         gating_init: initial alpha_pre, alpha_post, alpha_res, the gates of the input-dependent part (the paper's
             0.01); 0 starts as the plain residual (with pre-norm sublayers).
         norm_eps: added to the RMS of the flattened streams (Megatron-LM's 1e-6).
+        stream_dtype: "float32" (default) or "compute": the streams in autocast's dtype while autocast is on (the
+            coefficients stay float32, as DeepSeek keeps them).
     """
 
     reduce = "mean"
 
-    def __init__(self, streams: int = 4, sinkhorn_iters: int = 20, gating_init: float = 0.01, norm_eps: float = 1e-6):
-        super().__init__(streams)
+    def __init__(self, streams: int = 4, sinkhorn_iters: int = 20, gating_init: float = 0.01, norm_eps: float = 1e-6,
+                 stream_dtype: str = "float32"):
+        super().__init__(streams, stream_dtype)
         if not isinstance(sinkhorn_iters, int) or isinstance(sinkhorn_iters, bool) or sinkhorn_iters < 1:
             raise ValueError(f"sinkhorn_iters is the number of Sinkhorn-Knopp iterations (the paper uses 20); give an "
                              f"integer >= 1, got {sinkhorn_iters!r}")
