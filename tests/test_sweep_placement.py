@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -137,7 +138,7 @@ def test_impossible_layouts_are_one_line(gpus, per_run, share, parallel, fit, ex
     (["--gpus_per_run", "9"], "error: --gpus_per_run 9: each run would need 9 GPUs and this machine shows 2"),
     (["--parallel", "0"], "--parallel must be a whole number of at least 1 or 'auto'"),
     (["--parallel", "many"], "--parallel must be a whole number of at least 1 or 'auto'"),
-    (["--gpus_per_run", "2"], "error: --gpus_per_run 2: a run on several GPUs starts its other ranks"),
+    (["--launch", "slurm", "--gpus_per_run", "2"], "error: --gpus_per_run 2 with --launch slurm"),
     (["--launch", "slurm", "--runs_per_gpu", "2"], "error: --runs_per_gpu with --launch slurm"),
 ])
 def test_the_command_refuses_in_one_line_before_the_store(tmp_path, monkeypatch, capsys, args, expected):
@@ -220,3 +221,54 @@ def test_help_shows_the_placement_flags():
     assert out.returncode == 0
     assert all(flag in out.stdout for flag in ("--gpus_per_run", "--runs_per_gpu", "--parallel N|auto"))
 
+
+
+@pytest.mark.slow  # two 2-process fits on 2 shared cores
+def test_a_two_process_gloo_child_trains_as_fit_would(tmp_path):
+    """A child on 2 devices: Lightning starts its second rank from the worker (lit/sweep/ranks.py), not the sweep's
+    command line again; both ranks fit and test, and the numbers are those of the same `fit` run by hand."""
+    from mlflow import MlflowClient
+
+    from lit.sweep import protocol as P
+    from tests.conftest import subprocess_env
+    from tests.test_sweep import BASELINE, TINY, final
+
+    two = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = subprocess.run([sys.executable, str(REPO / "cli.py"), "sweep", "--config", BASELINE, "--seeds", "1",
+                          "--experiment", "ddp", *TINY, *two], cwd=tmp_path, capture_output=True, text=True,
+                         env=subprocess_env(), timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client = MlflowClient(uri)
+    child = next(r for r in client.search_runs([client.get_experiment_by_name("ddp").experiment_id])
+                 if r.data.tags.get(P.ROLE) == P.CHILD)
+    seed = child.data.tags[P.SEED]
+    assert client.get_metric_history(child.info.run_id, "test/loss")  # the test ran on both ranks (no hang)
+    logger = "--trainer.logger.init_args."
+    fit = subprocess.run([sys.executable, str(REPO / "cli.py"), "fit", "--config", BASELINE, *TINY, *two,
+                          f"--seed_everything={seed}", f"--data.seed={seed}", "--model.random_numbers=by_name",
+                          f"{logger}tracking_uri={uri}", f"{logger}experiment_name=direct"],
+                         cwd=tmp_path, capture_output=True, text=True, env=subprocess_env(), timeout=900)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    direct = client.search_runs([client.get_experiment_by_name("direct").experiment_id])[0]
+    for metric in ("val/loss", "train/loss"):
+        assert final(client, child, metric) == pytest.approx(final(client, direct, metric), rel=1e-6, abs=0), metric
+
+
+def test_while_a_child_runs_lightning_starts_its_other_ranks_from_ranks_py(monkeypatch):
+    """What Lightning's launcher runs for ranks 1..n-1 (``_basic_subprocess_cmd``): ranks.py with the child's work,
+    never the sweep's command line; both put back after the run."""
+    import json
+
+    from lightning.fabric.strategies.launchers.subprocess_script import _basic_subprocess_cmd
+
+    from lit.sweep import ranks
+
+    monkeypatch.setattr(sys, "argv", ["cli.py", "sweep", "--config", "r.yaml"])
+    before = _basic_subprocess_cmd()
+    with ranks.other_ranks_run(["fit", "--config", "r.yaml"], True):
+        command = _basic_subprocess_cmd()
+        work = json.loads(os.environ[ranks.RANK_ARGS])
+    assert command == [sys.executable, str(Path(ranks.__file__).resolve())]
+    assert work == {"args": ["fit", "--config", "r.yaml"], "test": True}
+    assert _basic_subprocess_cmd() == before and ranks.RANK_ARGS not in os.environ

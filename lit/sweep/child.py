@@ -194,10 +194,15 @@ def claim(client, experiment_id: str, manifest: dict, child: Child, tune_value: 
 
 def _fit_and_test(manifest: dict, args: list[str], client, run_id: str, test: bool) -> int:
     from lit.cli import main as cli_main
+    from lit.sweep.ranks import other_ranks_run
 
     proto = manifest["protocol"]
+    report = proto.get("report_metric") or proto["metric"]
+    tested = test and report.startswith("test/")
+    args = args + [f"--trainer.logger.init_args.run_id={run_id}"]
     try:
-        cli = cli_main(args + [f"--trainer.logger.init_args.run_id={run_id}"])
+        with other_ranks_run(args, tested):  # a run on several devices: its other ranks run this child's fit
+            cli = cli_main(args)
     except SystemExit as exc:
         diverged = _divergence(exc)
         if diverged is None:
@@ -209,8 +214,7 @@ def _fit_and_test(manifest: dict, args: list[str], client, run_id: str, test: bo
         client.set_terminated(run_id, status="FAILED")
         print(f"diverged at step {diverged.step}: recorded as this run's outcome (FAILED, {P.OUTCOME}=diverged)")
         return DIVERGED_EXIT
-    report = proto.get("report_metric") or proto["metric"]
-    if test and report.startswith("test/"):
+    if tested:
         # Training is over but the result is not: the run shows it running until the test is logged.
         client.update_run(run_id, status="RUNNING")
         cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)  # the final weights, not the best

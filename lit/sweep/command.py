@@ -316,10 +316,10 @@ def _placement(a: argparse.Namespace, fit_options: list[str]) -> placement.Layou
         layout = placement.Layout((), a.gpus_per_run or 0, 1)
     else:
         layout = placement.plan(a.parallel, a.gpus_per_run, a.runs_per_gpu, fit_options)
-    if layout.gpus_per_run > 1:
-        raise UserInputError(f"--gpus_per_run {layout.gpus_per_run}: a run on several GPUs starts its other ranks by "
-                             "running its command line again, which a sweep's child cannot do yet; use --gpus_per_run "
-                             "1 (or several sweeps, one per GPU group, each with its CUDA_VISIBLE_DEVICES)")
+    if a.launch == "slurm" and layout.gpus_per_run > 1:
+        raise UserInputError(f"--gpus_per_run {layout.gpus_per_run} with --launch slurm: Lightning under SLURM wants "
+                             "one task per rank, and an array task runs one child; use --gpus_per_run 1 there, or "
+                             "launch locally on a node (its slots then hold the GPUs)")
     return layout
 
 

@@ -207,6 +207,9 @@ def reset_between_runs() -> None:
             mlflow.end_run()
     except Exception:  # the store is gone: the next run opens its own connection and says so
         pass
+    distributed = sys.modules.get("torch.distributed")  # a run on several devices: its group ended with its ranks
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset()
