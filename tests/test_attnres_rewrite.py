@@ -21,7 +21,8 @@ FP32 = dict(atol=1e-6, rtol=1e-5)
 
 
 def reference_depth_attention(self, sources: list[torch.Tensor]) -> torch.Tensor:
-    """The pre-rewrite ``DepthAttention.forward`` (commit 20bd042, arch_plugins/residuals/attnres.py), verbatim."""
+    """The pre-rewrite ``DepthAttention.forward`` (arch_plugins/residuals/attnres.py as of commit 20bd042, last
+    changed in 9d0b527), verbatim."""
     dtype = torch.promote_types(sources[0].dtype, torch.float32)
     # Autocast off: it would run the matvecs in bf16; the depth softmax and the sum are float32 (flash-attn-res).
     with torch.autocast(device_type=sources[0].device.type, enabled=False):
