@@ -196,6 +196,12 @@ def test_seednorm_with_a_gemv_gate_and_fused_gain_equals_the_hand_written_one(sh
     assert_same_function(new, _Reference(new, reference_seednorm_forward), _input(shape, 7))
 
 
+def test_seednorm_runs_on_the_meta_device():
+    """A model built on the meta device (sharding, shape checks) runs forward there, as before the rewrite."""
+    module = SeeDNorm(24).to("meta")
+    assert module(torch.empty(2, 3, 24, device="meta")).shape == (2, 3, 24)
+
+
 def test_seednorm_dropout_path_equals_the_hand_written_one():
     new = SeeDNorm(24, heads=1, dropout=0.3)
     _randomise(new, 8)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,8 +47,10 @@ class SeeDNorm(nn.Module):
         d, h = x.shape[-1], self.heads
         if h == 1:
             # One head: <x, beta> is a matrix-vector product, no (..., d) temporary. Outside autocast, which would
-            # run it in bf16; in the dtype x * beta promotes to, as the elementwise form computed it.
-            with torch.autocast(x.device.type, enabled=False):
+            # run it in bf16; in the dtype x * beta promotes to, as the elementwise form computed it. (A device
+            # without autocast, such as meta, has nothing to turn off.)
+            device = x.device.type
+            with torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext():
                 per_head = x.to(torch.result_type(x, self.beta)) @ self.beta.unsqueeze(-1)
         else:
             per_head = (x.unflatten(-1, (h, d // h)) * self.beta.view(h, -1)).sum(-1)
