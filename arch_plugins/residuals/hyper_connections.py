@@ -19,10 +19,11 @@ stack repeats the embedding into the n streams before the first block and sums t
 and ``end`` of the residual's stream), before the final norm.
 
 Differences from the reference, on purpose: the mixing runs in the stream's own dtype with autocast off (float32
-under bf16 autocast), so the carried streams keep the precision of the plain residual's stream (TF32, if a user
-enables it for float32 matmuls, would round them); the paper normalises H with LayerNorm, the reference (and this)
-with RMSNorm with a learned gain. The manifold-constrained variant (mHC, Sinkhorn-projected mixing) shares the
-merge's mixing (``manifold_hyper_connections.py``).
+under bf16 autocast, unless ``stream_dtype="compute"`` carries the streams in bf16), so the carried streams keep the
+precision of the plain residual's stream (TF32, if a user enables it for float32 matmuls, would round them); the
+paper normalises H with LayerNorm, the reference (and this) with RMSNorm with a learned gain. The
+manifold-constrained variant (mHC, Sinkhorn-projected mixing) shares the merge's mixing
+(``manifold_hyper_connections.py``).
 """
 
 from __future__ import annotations

@@ -23,12 +23,13 @@ pre-norm removes the factor) and adds its output once. The embedding is repeated
 first block and the streams are averaged after the last (Megatron's ``output_contract``), so with alpha = 0 and
 pre-norm sublayers the stack computes exactly what the plain residual does.
 
-Differences from the references, on purpose: the coefficients and the mixing run in float32 with autocast off, as
-both references keep them (Megatron's ``mark_keep_in_fp32``, DeepSeek-V4's fp32 HC modules). DeepSeek-V4's
-production variant (its Hugging Face port, ``DeepseekV4HyperConnection``) adds 1e-6 to H_pre, starts Sinkhorn from a
-row softmax and puts 1e-6 in every denominator, and ends with a learned sigmoid-weighted sum of the streams: the
-paper's form is built here; the two Sinkhorn orders converge to the same doubly stochastic limit (a test checks they
-agree within 1e-5 after 20 iterations).
+Differences from the references, on purpose: the coefficients and the mixing run in float32 with autocast off (the
+mixing in the streams' dtype, bf16 under ``stream_dtype="compute"``), as both references keep them (Megatron's
+``mark_keep_in_fp32``, DeepSeek-V4's fp32 HC modules). DeepSeek-V4's production variant (its Hugging Face port,
+``DeepseekV4HyperConnection``) adds 1e-6 to H_pre, starts Sinkhorn from a row softmax and puts 1e-6 in every
+denominator, and ends with a learned sigmoid-weighted sum of the streams: the paper's form is built here; the two
+Sinkhorn orders converge to the same doubly stochastic limit (a test checks they agree within 1e-5 after 20
+iterations).
 """
 
 from __future__ import annotations
