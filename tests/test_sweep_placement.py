@@ -272,3 +272,21 @@ def test_while_a_child_runs_lightning_starts_its_other_ranks_from_ranks_py(monke
     assert command == [sys.executable, str(Path(ranks.__file__).resolve())]
     assert work == {"args": ["fit", "--config", "r.yaml"], "test": True}
     assert _basic_subprocess_cmd() == before and ranks.RANK_ARGS not in os.environ
+
+
+@pytest.mark.slow  # a sweep's start-up and its variant check: 30 s alone, minutes on 2 loaded cores
+def test_a_slurm_launch_tells_each_task_its_gpu_after_checking_the_variants_without_one(tmp_path):
+    """Submitted from a machine without a GPU: the variants are built there on CPU, the tasks ask for a GPU each and
+    their runs are told it."""
+    import json
+
+    from tests.conftest import subprocess_env
+    from tests.test_sweep import BASELINE, TINY
+
+    out = subprocess.run([sys.executable, str(REPO / "cli.py"), "sweep", "--config", BASELINE, "--seeds", "1",
+                          "--launch", "slurm", "--gpus_per_run", "1", "--out", str(tmp_path / "s"), *TINY],
+                         cwd=tmp_path, capture_output=True, text=True, env=subprocess_env(), timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert manifest["placement"] == ["--trainer.accelerator=gpu", "--trainer.devices=1"]
+    assert "#SBATCH --gpus-per-task=1" in (tmp_path / "s" / "seeds.sbatch").read_text()

@@ -313,7 +313,8 @@ def _placement(a: argparse.Namespace, fit_options: list[str]) -> placement.Layou
         if a.runs_per_gpu is not None:
             raise UserInputError("--runs_per_gpu with --launch slurm: an array task runs one run; share GPUs through "
                                  "SLURM (e.g. --sbatch=--gpus-per-task=1 with MPS or sharding), or launch locally")
-        layout = placement.Layout((), a.gpus_per_run or 0, 1)
+        check = placement.cpu_layout(a.parallel if isinstance(a.parallel, int) else 1)  # where the variants are built
+        layout = placement.Layout(check.slots, a.gpus_per_run or 0, 1)
     else:
         layout = placement.plan(a.parallel, a.gpus_per_run, a.runs_per_gpu, fit_options)
     if a.launch == "slurm" and layout.gpus_per_run > 1:
@@ -442,12 +443,14 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     out.mkdir(parents=True, exist_ok=True)
     manifest = {"protocol": proto, "experiment": experiment, "tracking_uri": uri, "parent_run_id": None,
                 "recipe": str(recipe_path), "fit_args": proto["fit_args"], "save_dir": str(out / "runs"),
-                "placement": layout.trainer_args(proto["fit_args"]),
+                "placement": [] if a.launch == "slurm" else layout.trainer_args(proto["fit_args"]),
                 "children": [c.to_json() for c in children]}
     # Every variant with runs to do is built once (model, data, trainer) before any compute is spent:
     # a key or value the recipe rejects ends here, in one line, before a parent run exists.
     checked = [] if look is not None and look.look > 1 else todo if parent is not None else children  # once
     tested = _check_variants(layout, manifest, checked, out / "logs")
+    # A SLURM sweep's variants are checked where it is submitted (a login node may have no GPU); its tasks get theirs.
+    manifest["placement"] = layout.trainer_args(proto["fit_args"])
     if parent is None:
         if proto["report_metric"] is None:
             if len(set(tested.values())) > 1:
