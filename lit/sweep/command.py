@@ -53,7 +53,7 @@ metrics. Rerunning the command resumes; --add_seeds N extends a sweep. Then: pyt
 --experiment NAME."""
 
 FAR_SEED = 2**31 - 1  # the default tuning seed when the evaluation seeds start at 0
-TEST_METRICS = ("loss", "bpb", "acc1")  # what the models log in test (test/<name>)
+TEST_METRICS = ("loss", "bpb", "acc1", "acc5")  # what the models log in test (test/<name>)
 
 
 def parser() -> argparse.ArgumentParser:
