@@ -74,20 +74,23 @@ STREAM_METHODS = {"residual=hyperconn": 4, "residual=hyperconn_static": 4, "resi
 
 # The cause of each plugin's cost, in a few words, from the outside review (../shared/specs/gpu-plugins.md, §1-2).
 CAUSES = {
-    "residual=mhc": "20-iteration Sinkhorn as tiny eager ops per sublayer; coefficients computed twice; fp32 "
-                    "per-token mixes (§2.1)",
+    "residual=mhc": "20-iteration Sinkhorn as tiny eager ops per sublayer (coefficients now once per sublayer, the "
+                    "Sinkhorn recomputed in backward; its launches await a fused kernel, issue 43 item 4) (§2.1)",
     "residual=attnres": "Python loop over every earlier source per consumer, an fp32 copy of each (saved for "
                         "backward) (§2.2)",
     "residual=attnres_block": "the same per-source loop over block sums (§2.2)",
-    "residual=hyperconn": "norm, coefficient matmul and mix done twice per sublayer on fp32 streams (§2.3)",
+    "residual=hyperconn": "now one norm, coefficient matmul and mix per sublayer; what is left is the "
+                          "coefficients' small element-wise ops and their gradients (§2.3)",
     "residual=hyperconn_static": "per-token einsum over the fp32 streams, mixed twice (§2.3)",
-    "optimizer=muon": "one Newton-Schulz call per matrix slice (84 at 124M), unbatched (§2.4)",
+    "optimizer=muon": "now one Newton-Schulz call per shape group; left: slices and transposes per matrix and the "
+                      "foreach AdamW half's host reads (fused AdamW there is not wired) (§2.4)",
     "norm=un": "~30 small vector ops per site in a Python autograd.Function, at 25 sites (§2.5)",
     "norm=powernorm": "GroupScaling as 5 ops; ~25 forward, ~12 backward bookkeeping ops per site (§2.5)",
     "norm=prepbn": "RMSNorm and a hand-written two-pass BatchNorm at every site (§2.5)",
     "clipped softmax": "off the fused attention kernel onto a materialised fp32 (B, H, T, T) path (§2.6)",
     "recipe=gpt_ngpt": "6-op l2_normalize chains, full-size scales, renormalisation after each step (§2.7)",
-    "norm=hypersphere": "6-op l2_normalize chains at 4 sites per layer and on q/k; full-size scales (§2.7)",
+    "norm=hypersphere": "l2_normalize (now F.normalize) at 4 sites per layer and on q/k; full-size scales not "
+                        "folded (§2.7)",
     "projection=pattention": "Θ as norm, scale, GeLU in fp32; q, k, v as 3 Pattentions and a cat; +21% FLOPs (§2.8)",
     "residual=laurel_rw_lr_pa": "zeros_like accumulator, 3 low-rank terms re-casting the stream, 6-op epilogue "
                                 "(§1)",
