@@ -79,9 +79,17 @@ def muon_setup(parametrization: str, **options) -> CoordCheckSetup:
     return dataclasses.replace(setup(parametrization, **options), optimizer="muon", optimizer_options=MUON)
 
 
+@pytest.mark.slow  # about 3 minutes on 2 cores: width 256 is most of it; the default run keeps the check below
 def test_muon_under_mup_width_slopes_are_flat():
     check = coord_check(muon_setup("mup", **MUP), widths=[32, 64, 128, 256], seeds=range(3))
     assert worst(check) <= 0.1, check.slopes()
+
+
+def test_muon_under_mup_width_slopes_stay_small_up_to_128():
+    """The default run's guard of the claim above (about 20 s): over widths 32-128 the worst slope measured 0.12;
+    the rule's failures are far from it (without mup's hidden lr rule >= 0.3, below; Adam's 1/m_d on top -1.18)."""
+    check = coord_check(muon_setup("mup", **MUP), widths=[32, 64, 128], seeds=range(3))
+    assert worst(check) <= 0.2, check.slopes()
 
 
 def test_muon_without_mups_rule_fails_the_width_check():

@@ -55,9 +55,10 @@ def test_single_process_overlays(name, overlays, workdir):
     main(["fit", *recipe(name), *(a for o in overlays for a in overlay(o)), *SHORT, "--trainer.devices=1"])
 
 
-# LAUREL-PA's compiled blocks are checked against eager ones in the default run (test_parallel.py); its CLI run under
-# the overlay takes about 40 s, so `slow`.
-@pytest.mark.parametrize("name", [pytest.param("gpt_laurel_rw_lr_pa", marks=pytest.mark.slow), "vit_ngpt_pattention"])
+# Compiled models are checked against eager ones in the default run (test_parallel.py, whole and per block); these
+# CLI runs under the overlay take 40 s (LAUREL-PA) and about 2 minutes (the nGPT-Pattention ViT) on 2 cores, so `slow`.
+@pytest.mark.parametrize("name", [pytest.param("gpt_laurel_rw_lr_pa", marks=pytest.mark.slow),
+                                  pytest.param("vit_ngpt_pattention", marks=pytest.mark.slow)])
 def test_compile_overlay(name, workdir):
     # Compiling takes tens of seconds on CPU: two recipes, both with a history-reading or unit-norm model.
     cli = main(["fit", *recipe(name), *overlay("compile"), *SHORT, "--trainer.devices=1"])
