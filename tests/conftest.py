@@ -57,6 +57,18 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **extra}
 
 
+def run_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``cli.py ARGV`` in this process: exit code, stdout, stderr."""
+    from lit.commands import main
+
+    try:
+        code = main(argv) or 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 def cli_in(cwd: Path, timeout: int = 900):
     """``cli(*args)``: ``python cli.py ARGS`` in a subprocess run in ``cwd``, asserting it succeeded; its stdout."""
     import subprocess

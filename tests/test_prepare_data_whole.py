@@ -12,6 +12,7 @@ import pytest
 
 from lit.data.shards import find_shards, open_shard
 from lit.data.tokenizer_training import train_tokenizer
+from tests.conftest import run_in_process as run
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO / "lit" / "data" / "tinyshakespeare.txt"
@@ -22,18 +23,6 @@ def tokenizer_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     train_tokenizer([str(SHAKESPEARE)], str(path), vocab_size=300, max_bytes=100_000)
     return path
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    """``cli.py ARGV`` in this process: exit code, stdout, stderr."""
-    from lit.commands import main
-
-    try:
-        code = main(argv) or 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def one_error_line(err: str) -> str:

@@ -7,19 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_in_process as run
+
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO / "lit" / "data" / "tinyshakespeare.txt"
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    from lit.commands import main
-
-    try:
-        code = main(argv) or 0
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("content", ["", "\n\n", '{"text": ""}\n'])
