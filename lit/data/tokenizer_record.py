@@ -52,6 +52,18 @@ def in_checkpoint(checkpoint: object) -> dict | None:
     return record if isinstance(record, dict) and record.get("sha256") else None
 
 
+def recorded_tokenizer_file(trained: dict, checkpoint: str | Path) -> Path:
+    """The tokenizers JSON file a checkpoint records, where it was at training: refused in one line if it is gone
+    or its bytes changed since."""
+    path = Path(trained["path"])
+    if not path.is_file():
+        raise UserInputError(f"{checkpoint} was trained with the tokenizer {path}, which is not there; give its new "
+                             f"place with --tokenizer")
+    check(trained, of_tokenizer_file(path), checkpoint,
+          fix=f"the file at {path} changed since training; give the original with --tokenizer")
+    return path
+
+
 def _describe(record: dict) -> str:
     what = "the character vocabulary of" if record.get("kind") == "characters" else "the tokenizer"
     return f"{what} {record.get('path')} (SHA-256 {record['sha256'][:12]})"

@@ -122,23 +122,19 @@ def codec_from_record(trained: dict | None, checkpoint: str) -> TextCodec:
         raise UserInputError(f"{checkpoint} records no tokenizer (written before checkpoints carried one); give "
                              f"--tokenizer (tokenizer.json or the shards directory) or --config (the recipe the model "
                              f"was trained with)")
-    path = Path(trained["path"])
-    if trained["kind"] == "characters":
-        from lit.data.text import EMBEDDED_CORPUS
+    if trained["kind"] != "characters":
+        return bpe_codec(tokenizer_record.recorded_tokenizer_file(trained, checkpoint))
+    from lit.data.text import EMBEDDED_CORPUS
 
-        if trained["path"] == f"lit/data/{EMBEDDED_CORPUS}.txt":
-            text = resources.files("lit.data").joinpath(f"{EMBEDDED_CORPUS}.txt").read_text(encoding="utf-8")
-            codec = char_codec(text, trained["path"])
-        elif path.is_file():
-            codec = char_codec(path.read_text(encoding="utf-8"), str(path))
-        else:
-            raise UserInputError(f"{checkpoint} was trained on the characters of {path}, which is not there; give "
-                                 f"--config with the recipe and its text file")
+    path = Path(trained["path"])
+    if trained["path"] == f"lit/data/{EMBEDDED_CORPUS}.txt":
+        text = resources.files("lit.data").joinpath(f"{EMBEDDED_CORPUS}.txt").read_text(encoding="utf-8")
+        codec = char_codec(text, trained["path"])
     elif path.is_file():
-        codec = bpe_codec(path)
+        codec = char_codec(path.read_text(encoding="utf-8"), str(path))
     else:
-        raise UserInputError(f"{checkpoint} was trained with the tokenizer {path}, which is not there; give its new "
-                             f"place with --tokenizer")
+        raise UserInputError(f"{checkpoint} was trained on the characters of {path}, which is not there; give "
+                             f"--config with the recipe and its text file")
     tokenizer_record.check(trained, codec.record, checkpoint,
                            fix=f"the file at {path} changed since training; give the original with --tokenizer")
     return codec

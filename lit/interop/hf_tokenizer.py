@@ -43,12 +43,7 @@ def choose(trained: dict | None, given: str | None, checkpoint: str, force: bool
         sys.stderr.write(f"warning: {checkpoint} {why}: the folder holds the weights without a tokenizer\n")
         return None
     else:
-        path, meta = Path(trained["path"]), {}
-        if not path.is_file():
-            raise UserInputError(f"{checkpoint} was trained with the tokenizer {path}, which is not there; give its "
-                                 f"new place with --tokenizer")
-        tokenizer_record.check(trained, tokenizer_record.of_tokenizer_file(path), checkpoint,
-                               fix=f"the file at {path} changed since training; give the original with --tokenizer")
+        path, meta = tokenizer_record.recorded_tokenizer_file(trained, checkpoint), {}
     from lit.data.token_bytes import load_tokenizer
 
     tokenizer = load_tokenizer(path)
