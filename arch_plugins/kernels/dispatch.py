@@ -36,7 +36,9 @@ ROW_L2_NORMALIZE = "row_l2_normalize"
 QK_NORMALIZE = "qk_normalize"
 NGPT_STREAM_UPDATE = "ngpt_stream_update"
 PATTENTION_THETA = "pattention_theta"
-OPS = (ROW_L2_NORMALIZE, QK_NORMALIZE, NGPT_STREAM_UPDATE, PATTENTION_THETA)
+SINKHORN_KNOPP = "sinkhorn_knopp"
+DEPTH_SOFTMAX = "depth_softmax"
+OPS = (ROW_L2_NORMALIZE, QK_NORMALIZE, NGPT_STREAM_UPDATE, PATTENTION_THETA, SINKHORN_KNOPP, DEPTH_SOFTMAX)
 
 # A row is reduced inside one program (its whole width in registers): wider rows take the torch path.
 MAX_ROW_WIDTH = 1 << 16
@@ -79,6 +81,12 @@ def register_ops() -> None:
 def interpreting() -> bool:
     """Whether Triton's interpreter is on (TRITON_INTERPRET, read now: kernels are built per mode)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def triton_runs_on(x: torch.Tensor) -> bool:
+    """Whether an op that carries its torch path inside (sinkhorn_knopp, depth_softmax) runs its Triton kernel on
+    ``x``: a CUDA tensor or the interpreter, triton importable, and not float64 (the kernels compute in fp32)."""
+    return ((x.is_cuda or interpreting()) and x.dtype != torch.float64 and triton_import_error() is None)
 
 
 def auto_may_pick_triton(table: dict[str, dict[str, float]] | None = None, min_speedup: float | None = None) -> bool:

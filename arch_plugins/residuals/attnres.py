@@ -42,6 +42,7 @@ from torch.autograd.function import once_differentiable
 from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles, declare_weight_decay
 from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualStream, ResidualType, Role, StackInfo
+from arch_plugins.kernels.dispatch import DEPTH_SOFTMAX, check_kernel, use_triton
 
 KEY_NORMS = ("rmsnorm", "rmsnorm_nonparam", "none")
 
@@ -53,8 +54,9 @@ class DepthAttention(nn.Module):
     ``rmsnorm_nonparam`` (no gain, as flash-attn-res), ``none`` (the paper's "w/o key RMSNorm" ablation).
     """
 
-    def __init__(self, dim: int, *, key_norm: str, eps: float):
+    def __init__(self, dim: int, *, key_norm: str, eps: float, kernel: str = "auto"):
         super().__init__()
+        self.kernel = kernel
         self.query = nn.Parameter(torch.zeros(dim))
         self.key_gain = nn.Parameter(torch.ones(dim)) if key_norm == "rmsnorm" else None
         # w . v reads the width down to one logit: a readout (zero at init); undecayed, as before roles existed.
@@ -68,7 +70,12 @@ class DepthAttention(nn.Module):
         # float32, or float64 for float64 sources (torch.promote_types would cost a dispatched op per call).
         dtype = torch.float64 if sources[0].dtype == torch.float64 else torch.float32
         query = (self.query if self.key_gain is None else self.query * self.key_gain).to(dtype)
-        return DepthSoftmax.apply(query, self.eps if self.normalise_keys else None, *sources)
+        eps = self.eps if self.normalise_keys else None
+        if use_triton(self.kernel, DEPTH_SOFTMAX, sources[-1]):
+            from arch_plugins.kernels.depth_softmax import depth_softmax
+
+            return depth_softmax(query, sources, eps)
+        return DepthSoftmax.apply(query, eps, *sources)
 
 
 class DepthSoftmax(torch.autograd.Function):
@@ -87,18 +94,7 @@ class DepthSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query: torch.Tensor, eps: float | None, *sources: torch.Tensor) -> torch.Tensor:
-        width = query.shape[-1]
-        with torch.autocast(device_type=query.device.type, enabled=False):
-            values = torch.stack(sources).to(query.dtype)  # (m, ..., d); mixed dtypes promote in the stack itself
-            logits = torch.mv(values.view(-1, width), query).view(*values.shape[:-1], 1)
-            inverse_rms = None
-            if eps is not None:
-                # The norm of v, squared, as the per-source form computed it (the same rounding as before).
-                squares = torch.linalg.vector_norm(values, dim=-1, keepdim=True).square()
-                inverse_rms = torch.rsqrt(squares / width + eps)
-                logits = logits * inverse_rms
-            weights = logits.softmax(0)
-            out = (weights * values).sum(0)
+        out, weights, logits, inverse_rms = depth_softmax_forward(query, eps, sources)
         ctx.save_for_backward(query, weights, logits, inverse_rms, *sources)
         return out
 
@@ -106,28 +102,58 @@ class DepthSoftmax(torch.autograd.Function):
     @once_differentiable  # the saved logits and weights carry no graph: a second derivative would be wrong
     def backward(ctx, grad_out: torch.Tensor):
         query, weights, logits, inverse_rms, *sources = ctx.saved_tensors
-        width = query.shape[-1]
-        with torch.autocast(device_type=query.device.type, enabled=False):
-            values = torch.stack(sources).to(query.dtype)
-            grad_weights = (values * grad_out).sum(-1, keepdim=True)
-            grad_logits = torch._softmax_backward_data(grad_weights, weights, 0, query.dtype)
-            grad_values = weights * grad_out
-            if inverse_rms is None:
-                grad_dots = grad_logits
-            else:
-                grad_dots = grad_logits * inverse_rms
-                # logit = dot * r with r = (|v|^2 / d + eps)^(-1/2): through r, d logit / d v = -dot * r^3 * v / d,
-                # and dot * r^3 = logit * r^2.
-                through_rms = grad_dots * logits * inverse_rms
-                grad_values = torch.addcmul(grad_values, through_rms, values, value=-1 / width)
-            grad_values = torch.addcmul(grad_values, grad_dots, query)
-            grad_query = None
-            if ctx.needs_input_grad[0]:
-                grad_query = (grad_dots * values).sum(tuple(range(values.dim() - 1)))
-        return (grad_query, None, *_per_source(grad_values, sources))
+        grad_query, grad_values = depth_softmax_backward(query, weights, logits, inverse_rms, sources, grad_out,
+                                                         ctx.needs_input_grad[0])
+        return (grad_query, None, *per_source(grad_values, sources))
 
 
-def _per_source(grad_values: torch.Tensor, sources: list[torch.Tensor]) -> list[torch.Tensor]:
+def depth_softmax_forward(query: torch.Tensor, eps: float | None, sources) -> tuple[torch.Tensor, ...]:
+    """``DepthSoftmax``'s forward: (out, weights, logits, inverse_rms or None), per-token values (m, ..., 1).
+
+    Also the torch path of the fused op (arch_plugins.kernels.depth_softmax), which recomputes it in backward.
+    """
+    width = query.shape[-1]
+    with torch.autocast(device_type=query.device.type, enabled=False):
+        values = torch.stack(sources).to(query.dtype)  # (m, ..., d); mixed dtypes promote in the stack itself
+        logits = torch.mv(values.view(-1, width), query).view(*values.shape[:-1], 1)
+        inverse_rms = None
+        if eps is not None:
+            # The norm of v, squared, as the per-source form computed it (the same rounding as before).
+            squares = torch.linalg.vector_norm(values, dim=-1, keepdim=True).square()
+            inverse_rms = torch.rsqrt(squares / width + eps)
+            logits = logits * inverse_rms
+        weights = logits.softmax(0)
+        out = (weights * values).sum(0)
+    return out, weights, logits, inverse_rms
+
+
+def depth_softmax_backward(query: torch.Tensor, weights: torch.Tensor, logits: torch.Tensor,
+                           inverse_rms: torch.Tensor | None, sources, grad_out: torch.Tensor,
+                           needs_query_grad: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``DepthSoftmax``'s backward from what its forward kept: (the query's gradient or None, the sources'
+    gradients stacked, in the query's dtype: ``per_source`` splits them)."""
+    width = query.shape[-1]
+    with torch.autocast(device_type=query.device.type, enabled=False):
+        values = torch.stack(sources).to(query.dtype)
+        grad_weights = (values * grad_out).sum(-1, keepdim=True)
+        grad_logits = torch._softmax_backward_data(grad_weights, weights, 0, query.dtype)
+        grad_values = weights * grad_out
+        if inverse_rms is None:
+            grad_dots = grad_logits
+        else:
+            grad_dots = grad_logits * inverse_rms
+            # logit = dot * r with r = (|v|^2 / d + eps)^(-1/2): through r, d logit / d v = -dot * r^3 * v / d,
+            # and dot * r^3 = logit * r^2.
+            through_rms = grad_dots * logits * inverse_rms
+            grad_values = torch.addcmul(grad_values, through_rms, values, value=-1 / width)
+        grad_values = torch.addcmul(grad_values, grad_dots, query)
+        grad_query = None
+        if needs_query_grad:
+            grad_query = (grad_dots * values).sum(tuple(range(values.dim() - 1)))
+    return grad_query, grad_values
+
+
+def per_source(grad_values: torch.Tensor, sources: list[torch.Tensor]) -> list[torch.Tensor]:
     """The stacked gradient split into one per source, each in its source's dtype: one cast for the sources that
     share the last one's dtype (the bf16 sublayer outputs), one more for each other (the float32 embedding)."""
     common = sources[-1].dtype
@@ -155,11 +181,11 @@ def depth_sources(history: ResidualHistory, h: torch.Tensor, consumer: int, bloc
 class AttnResMerge(ResidualMerge):
     """One sublayer's depth attention (its input) and its place in the block's partial sum (its output)."""
 
-    def __init__(self, dim: int, index: int, block_size: int, *, key_norm: str, eps: float):
+    def __init__(self, dim: int, index: int, block_size: int, *, key_norm: str, eps: float, kernel: str = "auto"):
         super().__init__()
         self.index, self.block_size = index, block_size
         # The first sublayer has one source (the embedding): a softmax over one needs no query.
-        self.attention = DepthAttention(dim, key_norm=key_norm, eps=eps) if index > 0 else None
+        self.attention = DepthAttention(dim, key_norm=key_norm, eps=eps, kernel=kernel) if index > 0 else None
 
     def branch_input(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
         if self.attention is None:
@@ -175,10 +201,10 @@ class AttnResMerge(ResidualMerge):
 class AttnResOutput(ResidualStream):
     """The final aggregation over every block (its own pseudo-query) before the final norm site."""
 
-    def __init__(self, dim: int, sublayers: int, block_size: int, *, key_norm: str, eps: float):
+    def __init__(self, dim: int, sublayers: int, block_size: int, *, key_norm: str, eps: float, kernel: str = "auto"):
         super().__init__()
         self.sublayers, self.block_size = sublayers, block_size
-        self.attention = DepthAttention(dim, key_norm=key_norm, eps=eps)
+        self.attention = DepthAttention(dim, key_norm=key_norm, eps=eps, kernel=kernel)
 
     def end(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
         return self.attention(depth_sources(history, h, self.sublayers, self.block_size))
@@ -193,12 +219,15 @@ class AttentionResiduals(ResidualType):
             (2 * ceil(n_layers / 8) sublayers). 1 is Full AttnRes.
         key_norm: ``rmsnorm`` (learned gain), ``rmsnorm_nonparam`` or ``none`` (the paper's ablation).
         eps: the key RMSNorm's epsilon (None: float32's machine epsilon, as flash-attn-res and ``nn.RMSNorm``).
+        kernel: the depth softmax as the fused Triton op (``triton``), the torch ops (``torch``), or ``auto``:
+            Triton only on a GPU where it was measured faster (arch_plugins.kernels; none yet).
     """
 
     # Blocks of one sublayer each are Full Attention Residuals.
     init_identities = (InitIdentity("attnres", {"block_size": 1}),)
 
-    def __init__(self, block_size: int | None = None, key_norm: str = "rmsnorm", eps: float | None = None):
+    def __init__(self, block_size: int | None = None, key_norm: str = "rmsnorm", eps: float | None = None,
+                 kernel: str = "auto"):
         if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool)
                                        or block_size < 1):
             raise ValueError(f"block_size counts sublayers per block (attention and MLP one each); give an "
@@ -207,7 +236,7 @@ class AttentionResiduals(ResidualType):
             raise ValueError(f"key_norm must be one of {', '.join(KEY_NORMS)}, got {key_norm!r}")
         if eps is not None and not eps > 0:
             raise ValueError(f"eps must be positive, got {eps!r}")
-        self.block_size, self.key_norm = block_size, key_norm
+        self.block_size, self.key_norm, self.kernel = block_size, key_norm, check_kernel(kernel)
         self.eps = eps if eps is not None else torch.finfo(torch.float32).eps
 
     def sublayers_per_block(self, stack: StackInfo) -> int:
@@ -221,11 +250,11 @@ class AttentionResiduals(ResidualType):
     def merge(self, sublayer: str, layer: int, stack: StackInfo) -> AttnResMerge:
         index = 2 * layer + (0 if sublayer == "attn" else 1)
         return AttnResMerge(stack.d_model, index, self.sublayers_per_block(stack), key_norm=self.key_norm,
-                            eps=self.eps)
+                            eps=self.eps, kernel=self.kernel)
 
     def stream(self, stack: StackInfo) -> AttnResOutput:
         return AttnResOutput(stack.d_model, 2 * stack.num_layers, self.sublayers_per_block(stack),
-                             key_norm=self.key_norm, eps=self.eps)
+                             key_norm=self.key_norm, eps=self.eps, kernel=self.kernel)
 
 
 class FullAttentionResiduals(AttentionResiduals):
@@ -234,9 +263,10 @@ class FullAttentionResiduals(AttentionResiduals):
     Args:
         key_norm: ``rmsnorm`` (learned gain), ``rmsnorm_nonparam`` or ``none`` (the paper's ablation).
         eps: the key RMSNorm's epsilon (None: float32's machine epsilon).
+        kernel: ``auto``, ``triton`` or ``torch``, as for ``attnres_block``.
     """
 
     init_identities = ()  # it is what attnres_block's identity points at
 
-    def __init__(self, key_norm: str = "rmsnorm", eps: float | None = None):
-        super().__init__(block_size=1, key_norm=key_norm, eps=eps)
+    def __init__(self, key_norm: str = "rmsnorm", eps: float | None = None, kernel: str = "auto"):
+        super().__init__(block_size=1, key_norm=key_norm, eps=eps, kernel=kernel)

@@ -39,6 +39,7 @@ from torch import nn
 
 from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles, declare_weight_decay
 from arch_plugins.interfaces import Kind, Role, StackInfo
+from arch_plugins.kernels.dispatch import SINKHORN_KNOPP, check_kernel, use_triton
 from arch_plugins.residuals.hyper_connections import MultiStreamResidual, StreamMixing
 
 
@@ -86,12 +87,18 @@ class _Sinkhorn(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         (logits,) = ctx.saved_tensors
-        start, _, steps = _sinkhorn_steps(logits, ctx.iters, ctx.eps, keep=True)
-        for dim, out, floored, unfloored in reversed(steps):
-            # grad - [sum m >= eps] sum(grad * y), the mask multiplied in (a where would cost two ops a step)
-            through_sum = (grad * out).sum(dim=dim, keepdim=True)
-            grad = torch.addcmul(grad, through_sum, unfloored, value=-1) / floored
-        return grad * start, None, None
+        return sinkhorn_knopp_backward(logits, grad, ctx.iters, ctx.eps), None, None
+
+
+def sinkhorn_knopp_backward(logits: torch.Tensor, grad: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """The logits' gradient of ``sinkhorn_knopp``, given its output's: the iterations run again, then each
+    normalisation's gradient in reverse (also the torch path of the fused op, arch_plugins.kernels.sinkhorn_knopp)."""
+    start, _, steps = _sinkhorn_steps(logits, iters, eps, keep=True)
+    for dim, out, floored, unfloored in reversed(steps):
+        # grad - [sum m >= eps] sum(grad * y), the mask multiplied in (a where would cost two ops a step)
+        through_sum = (grad * out).sum(dim=dim, keepdim=True)
+        grad = torch.addcmul(grad, through_sum, unfloored, value=-1) / floored
+    return grad * start
 
 
 def _res_diagonal(module: ManifoldConstrainedConnection) -> torch.Tensor:
@@ -103,10 +110,11 @@ def _res_diagonal(module: ManifoldConstrainedConnection) -> torch.Tensor:
 class ManifoldConstrainedConnection(StreamMixing):
     """One sublayer's mHC: H_pre reads the streams, H_post writes the output back, H_res mixes the streams."""
 
-    def __init__(self, dim: int, streams: int, *, sinkhorn_iters: int, gating_init: float, norm_eps: float):
+    def __init__(self, dim: int, streams: int, *, sinkhorn_iters: int, gating_init: float, norm_eps: float,
+                 kernel: str = "auto"):
         super().__init__()
         n = streams
-        self.streams, self.sinkhorn_iters, self.norm_eps = n, sinkhorn_iters, norm_eps
+        self.streams, self.sinkhorn_iters, self.norm_eps, self.kernel = n, sinkhorn_iters, norm_eps, kernel
         # One projection for the three maps, rows [pre (n) | post (n) | res (n * n)], as both references lay it out.
         self.phi = nn.Parameter(torch.empty(n * n + 2 * n, n * dim))
         nn.init.xavier_uniform_(self.phi)
@@ -136,7 +144,13 @@ class ManifoldConstrainedConnection(StreamMixing):
             h_tilde = (flat @ self.phi.float().t()) * inverse_rms * gates.float() + self.bias.float()
             pre = torch.sigmoid(h_tilde[..., :n])
             post = 2 * torch.sigmoid(h_tilde[..., n:2 * n])
-            res = sinkhorn_knopp(h_tilde[..., 2 * n:].unflatten(-1, (n, n)), self.sinkhorn_iters)
+            res_logits = h_tilde[..., 2 * n:].unflatten(-1, (n, n))
+            if use_triton(self.kernel, SINKHORN_KNOPP, res_logits):
+                from arch_plugins.kernels.sinkhorn_knopp import sinkhorn_knopp as fused_sinkhorn_knopp
+
+                res = fused_sinkhorn_knopp(res_logits, self.sinkhorn_iters)
+            else:
+                res = sinkhorn_knopp(res_logits, self.sinkhorn_iters)
         return pre, post, res
 
     def mixing_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,18 +170,21 @@ class ManifoldConstrainedHyperConnections(MultiStreamResidual):
         norm_eps: added to the RMS of the flattened streams (Megatron-LM's 1e-6).
         stream_dtype: "float32" (default) or "compute": the streams in autocast's dtype while autocast is on (the
             coefficients stay float32, as DeepSeek keeps them).
+        kernel: Sinkhorn-Knopp as the fused Triton op (``triton``), the torch ops (``torch``), or ``auto``: Triton
+            only on a GPU where it was measured faster (arch_plugins.kernels; none yet).
     """
 
     reduce = "mean"
 
     def __init__(self, streams: int = 4, sinkhorn_iters: int = 20, gating_init: float = 0.01, norm_eps: float = 1e-6,
-                 stream_dtype: str = "float32"):
+                 stream_dtype: str = "float32", kernel: str = "auto"):
         super().__init__(streams, stream_dtype)
         if not isinstance(sinkhorn_iters, int) or isinstance(sinkhorn_iters, bool) or sinkhorn_iters < 1:
             raise ValueError(f"sinkhorn_iters is the number of Sinkhorn-Knopp iterations (the paper uses 20); give an "
                              f"integer >= 1, got {sinkhorn_iters!r}")
         self.sinkhorn_iters, self.gating_init, self.norm_eps = sinkhorn_iters, gating_init, norm_eps
+        self.kernel = check_kernel(kernel)
 
     def merge(self, sublayer: str, layer: int, stack: StackInfo) -> ManifoldConstrainedConnection:
         return ManifoldConstrainedConnection(stack.d_model, self.streams, sinkhorn_iters=self.sinkhorn_iters,
-                                             gating_init=self.gating_init, norm_eps=self.norm_eps)
+                                             gating_init=self.gating_init, norm_eps=self.norm_eps, kernel=self.kernel)
