@@ -113,3 +113,46 @@ def check_pattention_theta(shape, dtype, device="cpu") -> None:
     scale = torch.tensor(max(1, shape[-1] - 7), dtype=torch.float32, device=device).sqrt()
     compare(lambda a: pattention_theta(a, scale, 1e-5), lambda a: theta(a, "l2_norm_gelu", scale, 1e-5),
             [scores], dtype != torch.float32)
+
+
+def check_sinkhorn_knopp(tokens: tuple[int, ...], n: int, iters: int, device="cpu", scale: float = 3.0) -> None:
+    """The fused Sinkhorn against the residual's torch path, fp32, on logits laid out as mHC slices them out of its
+    coefficient row (a non-contiguous view)."""
+    from arch_plugins.kernels.sinkhorn_knopp import sinkhorn_knopp as fused
+    from arch_plugins.residuals.manifold_hyper_connections import sinkhorn_knopp
+
+    g = torch.Generator(device=device).manual_seed(4)
+    row = torch.randn(*tokens, n * n + 2 * n, generator=g, device=device) * scale
+    logits = row[..., 2 * n:].unflatten(-1, (n, n))
+    assert not logits.is_contiguous()
+    compare(lambda x: fused(x, iters), lambda x: sinkhorn_knopp(x, iters), [logits.requires_grad_()], False)
+
+
+def check_depth_softmax(shape: tuple[int, ...], dtypes: list[torch.dtype], eps: float | None, device="cpu") -> None:
+    """The fused depth softmax against ``DepthSoftmax`` (the torch path): output, the query's and every source's
+    gradient. Sources in ``dtypes`` (the embedding fp32 and bf16 sublayer outputs under autocast); fp32 query.
+
+    fp32 sources within 1e-5; with a bf16 source the gradients are rounded to bf16 on both paths, from fp32 values
+    that differ in their last bits, so they may land one bf16 step apart: 2^-6 of the largest, as the other ops."""
+    from arch_plugins.kernels.depth_softmax import depth_softmax
+    from arch_plugins.residuals.attnres import DepthSoftmax
+
+    g = torch.Generator(device=device).manual_seed(6)
+    sources = [torch.randn(shape, generator=g, device=device).to(dtype).requires_grad_() for dtype in dtypes]
+    query = (torch.randn(shape[-1], generator=g, device=device) * 0.5).requires_grad_()
+    compare(lambda q, *s: depth_softmax(q, list(s), eps), lambda q, *s: DepthSoftmax.apply(q, eps, *s),
+            [query, *sources], torch.bfloat16 in dtypes)
+
+
+def fused_op_samples():
+    """The Sinkhorn and depth-softmax ops' samples (in the interpreter, and on the torch path in
+    tests/test_kernels_fused_ops.py)."""
+    from arch_plugins.kernels import depth_softmax, sinkhorn_knopp
+
+    g = torch.Generator().manual_seed(7)
+    row = torch.randn(2, 3, 4 * 4 + 8, generator=g)
+    sources = [torch.randn(2, 3, 9, generator=g).requires_grad_() for _ in range(3)]
+    return [
+        (sinkhorn_knopp._forward_op, (row[..., 8:].unflatten(-1, (4, 4)).requires_grad_(), 3, 1e-6)),
+        (depth_softmax._forward_op, (torch.randn(9, generator=g).requires_grad_(), sources, 1e-6)),
+    ]

@@ -17,12 +17,15 @@ from arch_plugins.kernels import dispatch
 from arch_plugins.norms.hypersphere import l2_normalize
 from arch_plugins.projections.pattention import theta
 from tests.kernel_checks import (
+    check_depth_softmax,
     check_ngpt_stream_update,
     check_pattention_theta,
     check_qk_normalize,
     check_row_l2_normalize,
+    check_sinkhorn_knopp,
     compare,
     eager_stream_update,
+    fused_op_samples,
 )
 
 if not dispatch.interpreting():
@@ -96,6 +99,40 @@ def test_pattention_theta_on_a_zero_row_and_eps_zero():
     compare(lambda a: pattention_theta(a, 2.0, 1e-5), lambda a: theta(a, "l2_norm_gelu", 2.0, 1e-5), [scores], False)
     # eps = 0 is the reference GPU code: a zero row is NaN in both.
     assert torch.isnan(pattention_theta(torch.zeros(1, 4), 2.0, 0.0)).all()
+
+
+# The fused Sinkhorn's backward reruns the forward up to each step (iters^2 / 2 steps), which the interpreter runs
+# op by op: a few iterations here exercise every path; the CUDA tests run the paper's 20.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on the padding's exp(-inf - -inf), masked out
+@pytest.mark.parametrize("n, iters", [(4, 3),
+                                      (3, 8)])  # n = 3 pads each matrix to 4 x 4; 8 iterations would overflow a
+def test_sinkhorn_knopp(n, iters):                # padded row's gradient (1/eps each) if the kernel let it grow
+    check_sinkhorn_knopp((2, 3), n, iters=iters)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_sinkhorn_knopp_floors_sums_like_the_torch_path():
+    """Logits 60 apart underflow exp to 0 in float32: a column of zeros sums below eps and is floored, where the
+    clamp's gradient is cut (the torch path's [sum >= eps] mask)."""
+    from arch_plugins.kernels.sinkhorn_knopp import sinkhorn_knopp as fused
+    from arch_plugins.residuals.manifold_hyper_connections import sinkhorn_knopp
+
+    logits = torch.zeros(2, 3, 3)
+    logits[:, :, 0] = 60.0  # every row's maximum in column 0: columns 1 and 2 are exp(-60) ~ 1e-26
+    logits[1, 2, 2] = 30.0
+    compare(lambda x: fused(x, 2), lambda x: sinkhorn_knopp(x, 2), [logits.requires_grad_()], False)
+
+
+@pytest.mark.parametrize("dtypes, eps", [([torch.float32] * 3, 1e-6),
+                                         ([torch.float32] * 4, None),  # key_norm: none
+                                         ([torch.float32, torch.bfloat16, torch.bfloat16], 1e-6)])  # autocast
+def test_depth_softmax(dtypes, eps):
+    check_depth_softmax((3, 5, 17), dtypes, eps)
+
+
+def test_depth_softmax_loops_over_many_tiles():
+    # 23 rows of 4 per tile over 4 persistent programs: the query's gradient summed per program, then by torch.
+    check_depth_softmax((23, 4, 33), [torch.float32] * 2, 1e-6)
 
 
 # --- through the plugins: kernel: triton against kernel: torch, whole models -------------------------------
@@ -180,14 +217,33 @@ def test_tokenformer_model_with_kernels_equals_torch(monkeypatch):
     assert len(calls) == 5  # q, k, v, out, FFN
 
 
+@pytest.mark.parametrize("residual, op", [("mhc", "sinkhorn_knopp"), ("attnres", "depth_softmax"),
+                                          ("attnres_block", "depth_softmax")])
+def test_residual_models_with_fused_ops_equal_torch(monkeypatch, residual, op):
+    calls = counting(monkeypatch, f"arch_plugins.kernels.{op}", op)
+    # mHC with 2 Sinkhorn iterations (the interpreter's cost grows with their square) and gates far from 0, so
+    # that H_res depends on the tokens.
+    options = {"sinkhorn_iters": 2, "gating_init": 0.5} if residual == "mhc" else {}
+    arch = lambda kernel: dict(d_model=12, n_layers=2, n_heads=2, residual=residual,
+                               residual_options={**options, "kernel": kernel})
+    reference, fused = equal_models(arch, seed=2)
+    idx = torch.randint(0, 13, (2, 7), generator=torch.Generator().manual_seed(2))
+    (ref_logits, ref_grads), (got_logits, got_grads) = grads_of(reference, idx), grads_of(fused, idx)
+    torch.testing.assert_close(got_logits, ref_logits, rtol=1e-5, atol=1e-5)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+    # mHC: one Sinkhorn per sublayer; AttnRes: one depth softmax per sublayer after the first, and the output's.
+    assert len(calls) == {"mhc": 4, "attnres": 4, "attnres_block": 4}[residual]
+
+
 def test_auto_stays_on_torch_off_cuda_even_in_the_interpreter(monkeypatch):
     from lit.models import GPT, TransformerConfig
 
-    calls = [counting(monkeypatch, f"arch_plugins.kernels.{op}", op) for op in
-             ("row_l2_normalize", "qk_normalize", "ngpt_stream_update", "pattention_theta")]
+    calls = [counting(monkeypatch, f"arch_plugins.kernels.{op}", op) for op in dispatch.OPS]
     # Even a table that names every op for "cpu" does not make auto run Triton on CPU tensors.
     monkeypatch.setattr(dispatch.measured, "MEASURED_SPEEDUPS", {"cpu": dict.fromkeys(dispatch.OPS, 9.0)})
-    for arch in (dict(norm="hypersphere", residual="ngpt"), dict(projection="pattention")):
+    for arch in (dict(norm="hypersphere", residual="ngpt"), dict(projection="pattention"), dict(residual="mhc"),
+                 dict(residual="attnres")):
         model = GPT(13, 7, TransformerConfig(d_model=8, n_layers=1, n_heads=2, **arch))
         model(torch.zeros(1, 7, dtype=torch.long)).sum().backward()
     assert not any(calls)
@@ -212,10 +268,11 @@ def op_samples():
                                           torch.rand(17, generator=g).requires_grad_(), 1e-12, 1e-12)),
         (pattention_theta._forward_op, (strided((3, 5, 19), torch.float32).requires_grad_(),
                                         torch.tensor(3.0), 1e-5)),
+        *fused_op_samples(),
     ]
 
 
-@pytest.mark.parametrize("index", range(4), ids=list(dispatch.OPS))
+@pytest.mark.parametrize("index", range(len(dispatch.OPS)), ids=list(dispatch.OPS))
 def test_each_op_passes_torch_library_opcheck(index):
     """Schema, fake (shapes, dtypes, strides against the real op), autograd registration, AOT dispatch."""
     op, args = op_samples()[index]

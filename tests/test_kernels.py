@@ -1,7 +1,8 @@
 """The Triton kernels (arch_plugins.kernels): the dispatch rule, triton as an optional import, and correctness.
 
 Correctness on CPU runs in Triton's interpreter, in a fresh process (tests/kernels_interpreted.py says why);
-where CUDA exists the same checks (tests/kernel_checks.py) run compiled at real shapes.
+where CUDA exists the same checks (tests/kernel_checks.py) run compiled at real shapes. The fused Sinkhorn and
+depth-softmax ops' registrations are checked on their torch path in tests/test_kernels_fused_ops.py.
 """
 
 from __future__ import annotations
@@ -156,3 +157,37 @@ def test_ngpt_and_tokenformer_models_with_kernels_equal_torch_on_cuda():
         torch.testing.assert_close(got, ref, rtol=0, atol=2 ** -6 * ref.abs().max().item())
         for g_ref, g_got in zip(ref_grads, got_grads, strict=True):
             torch.testing.assert_close(g_got, g_ref, rtol=0, atol=2 ** -5 * g_ref.abs().max().item() + 1e-6)
+
+
+@cuda
+def test_fused_sinkhorn_and_depth_softmax_equal_the_torch_paths_on_cuda():
+    from tests.kernel_checks import check_depth_softmax, check_sinkhorn_knopp
+
+    check_sinkhorn_knopp((4, 512), 4, iters=20, device="cuda")  # the paper's n and iterations
+    check_sinkhorn_knopp((4, 512), 3, iters=20, device="cuda")  # padded to 4 x 4
+    check_depth_softmax((4, 512, 1024), [torch.float32] * 9, 1e-6, device="cuda")
+    # Under autocast: the fp32 embedding and bf16 sublayer outputs; no key norm.
+    check_depth_softmax((4, 512, 1024), [torch.float32] + [torch.bfloat16] * 8, 1e-6, device="cuda")
+    check_depth_softmax((4, 512, 1024), [torch.bfloat16] * 9, None, device="cuda")
+
+
+@cuda
+@pytest.mark.parametrize("residual", ["mhc", "attnres", "attnres_block"])
+def test_residual_models_with_fused_ops_equal_torch_on_cuda(residual):
+    from lit.models import GPT, TransformerConfig
+
+    def run(kernel):
+        options = {"gating_init": 0.5} if residual == "mhc" else {}  # H_res depends on the tokens
+        torch.manual_seed(0)
+        model = GPT(97, 256, TransformerConfig(d_model=256, n_layers=2, n_heads=4, residual=residual,
+                                               residual_options={**options, "kernel": kernel})).cuda()
+        idx = torch.randint(0, 97, (4, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(idx)
+        logits.float().logsumexp(-1).mean().backward()
+        return logits.float(), [p.grad.float() for p in model.parameters()]
+
+    (ref, ref_grads), (got, got_grads) = run("torch"), run("triton")
+    torch.testing.assert_close(got, ref, rtol=0, atol=2 ** -6 * ref.abs().max().item())
+    for g_ref, g_got in zip(ref_grads, got_grads, strict=True):
+        torch.testing.assert_close(g_got, g_ref, rtol=0, atol=2 ** -5 * g_ref.abs().max().item() + 1e-6)
