@@ -307,8 +307,12 @@ def _tuning(a: argparse.Namespace, seeds: list[int], base: int, steps: int | Non
     return Tuning(key, values, short, tune_seed, reuse_seed_run=False)
 
 
-def _placement(a: argparse.Namespace, fit_options: list[str]) -> placement.Layout:
+def _placement(a: argparse.Namespace, fit_options: list[str], rungs: dict | None = None) -> placement.Layout:
     """Where the runs compute (``lit/sweep/placement.py``); one line for a layout that cannot be."""
+    rung_gpus = ladder.rung_gpus(rungs)
+    if a.launch == "slurm" and any(rung_gpus):
+        raise UserInputError("--ladder rungs with their own gpus_per_run and --launch slurm: an array task runs one "
+                             "child on the GPUs its array asks for; drop gpus_per_run from the rungs, or launch locally")
     if a.launch == "slurm":  # one run per array task: SLURM places it; the runs are told their GPUs per run
         if a.runs_per_gpu is not None:
             raise UserInputError("--runs_per_gpu with --launch slurm: an array task runs one run; share GPUs through "
@@ -316,7 +320,7 @@ def _placement(a: argparse.Namespace, fit_options: list[str]) -> placement.Layou
         check = placement.cpu_layout(a.parallel if isinstance(a.parallel, int) else 1)  # where the variants are built
         layout = placement.Layout(check.slots, a.gpus_per_run or 0, 1)
     else:
-        layout = placement.plan(a.parallel, a.gpus_per_run, a.runs_per_gpu, fit_options)
+        layout = placement.plan(a.parallel, a.gpus_per_run, a.runs_per_gpu, fit_options, rung_gpus=rung_gpus)
     if a.launch == "slurm" and layout.gpus_per_run > 1:
         raise UserInputError(f"--gpus_per_run {layout.gpus_per_run} with --launch slurm: Lightning under SLURM wants "
                              "one task per rank, and an array task runs one child; use --gpus_per_run 1 there, or "
@@ -397,7 +401,7 @@ def _sweep(a: argparse.Namespace, fit_options: list[str], started: float) -> int
     from lit.tracking.uri import resolve_tracking_uri, sqlite_creation_lock
 
     proto, variants, tuning = build_protocol(a, fit_options)
-    layout = _placement(a, fit_options)
+    layout = _placement(a, fit_options, proto.get("ladder"))
     core = {k: proto[k] for k in CORE_FIELDS if k in proto}
     core["tune"] = None if proto["tune"] is None else {k: v for k, v in proto["tune"].items() if k != "description"}
     recipe_path = Path(a.config).resolve()

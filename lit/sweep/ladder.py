@@ -12,6 +12,12 @@ The tokens become optimizer steps through the recipe's tokens per step (batch x 
 to a whole number of logging intervals, so the run's last logged ``train/flops`` is its total. Validation runs
 once, at the last step: the ladder reads the final value only.
 
+GPUs per rung. A rung may set its own ``gpus_per_run=K`` (``d_model=512,n_layers=8,gpus_per_run=4``): its runs
+train on K GPUs (DDP or FSDP2), beside the other rungs' on their own GPUs (``lit/sweep/placement.py``). A rung whose
+runs span K > 1 devices (its own K, or the sweep's ``--gpus_per_run``) trains the recipe's batch split K ways
+(``batch_size / K`` per rank): the data order gives K ranks at batch b/K exactly the samples one process at batch b
+trains on (``lit/data/resumable.py``), so the rung's steps, tokens and numbers do not depend on where it runs.
+
 Learning rate. ``fixed`` runs the recipe's learning rate at every rung and says so: under the standard
 parametrization the optimum drifts with width, and the multiplier then mixes the architecture's gain with
 its learning-rate sensitivity. ``transfer`` keeps the recipe's (base-width) learning rate and leaves the
@@ -35,6 +41,9 @@ from lit.sweep.grid import CONFIG_KEY, option_value, parse_variant
 ARCH_PREFIX = "model.init_args.arch."
 LR_KEY = "model.init_args.lr"
 TOKENS = "tokens"  # a rung's explicit token budget
+GPUS = "gpus_per_run"  # a rung's own GPUs per run (placement, not model: its runs train the same global batch)
+DEVICES_KEY = "trainer.devices"
+BATCH_KEY = "data.init_args.batch_size"
 LR_RULES = ("fixed", "transfer")
 LR_CHECK_FACTORS = (0.5, 2.0)
 LR_CHECK_SCOPES = ("all", "baseline")  # one factor-2 grid step either side of the rung's learning rate
@@ -51,6 +60,7 @@ class Rung:
     label: str  # as written, e.g. "d_model=64,n_layers=2,n_heads=2"
     overrides: dict[str, str]
     tokens: float | None = None
+    gpus_per_run: int | None = None  # None: the sweep's --gpus_per_run
 
 
 @dataclass(frozen=True)
@@ -64,15 +74,19 @@ class SizedRung:
     flops_per_token: float  # the baseline's training FLOPs per token at this rung
     tokens: int  # training tokens (steps x tokens per step)
     steps: int
+    gpus_per_run: int | None = None  # the rung's own GPUs per run, if it sets them
     compute: float = field(init=False)  # the baseline's planned training FLOPs
 
     def __post_init__(self):
         object.__setattr__(self, "compute", self.flops_per_token * self.tokens)
 
     def to_json(self) -> dict:
-        return {"index": self.index, "label": self.label, "overrides": self.overrides,
-                "parameters": self.parameters, "flops_per_token": self.flops_per_token, "tokens": self.tokens,
-                "steps": self.steps, "compute": self.compute}
+        out = {"index": self.index, "label": self.label, "overrides": self.overrides,
+               "parameters": self.parameters, "flops_per_token": self.flops_per_token, "tokens": self.tokens,
+               "steps": self.steps, "compute": self.compute}
+        if self.gpus_per_run is not None:  # absent otherwise: the ids of ladders written before it stand
+            out[GPUS] = self.gpus_per_run
+        return out
 
 
 def _full_key(key: str) -> str:
@@ -89,13 +103,23 @@ def _tokens(text: str, where: str) -> float:
     return value
 
 
+def _gpus(text: str, where: str) -> int:
+    value = int(text) if text.strip().isdigit() else 0
+    if value < 1:
+        raise UserInputError(f"{where}: gpus_per_run={text!r} is not a whole number of GPUs of at least 1 "
+                             "(like gpus_per_run=4)")
+    return value
+
+
 def _rung(overrides: dict[str, str], where: str) -> Rung:
     tokens = overrides.pop(TOKENS, None)
+    gpus = overrides.pop(GPUS, None)
     if not overrides:
         raise UserInputError(f"{where} sets no model key; write e.g. d_model=64,n_layers=2,n_heads=2")
     label = ",".join(f"{k}={v}" for k, v in overrides.items())
     full = {_full_key(k): str(v) for k, v in overrides.items()}
-    return Rung(label, full, None if tokens is None else _tokens(str(tokens), where))
+    return Rung(label, full, None if tokens is None else _tokens(str(tokens), where),
+                None if gpus is None else _gpus(str(gpus), where))
 
 
 def parse_ladder(text: str) -> list[Rung]:
@@ -186,12 +210,61 @@ def size_rungs(rungs: list[Rung], measured: list[tuple[int, float, int]], tokens
         steps = steps_for(tokens, per_step, log_every)
         overrides = {**rung.overrides, "trainer.max_steps": str(steps), "trainer.val_check_interval": str(steps),
                      "trainer.check_val_every_n_epoch": "null"}
-        sized.append(SizedRung(i, rung.label, overrides, params, flops, steps * per_step, steps))
+        if rung.gpus_per_run is not None:  # placement gives every run the sweep's count first; the rung's wins
+            overrides[DEVICES_KEY] = str(rung.gpus_per_run)
+        sized.append(SizedRung(i, rung.label, overrides, params, flops, steps * per_step, steps, rung.gpus_per_run))
     computes = [r.compute for r in sized]
     if any(b <= a for a, b in zip(computes, computes[1:], strict=False)):
         raise UserInputError("--ladder rungs must grow in compute, smallest first; planned FLOPs: "
                              + ", ".join(f"{c:.3g}" for c in computes))
     return sized
+
+
+def split_batches(sized: list[SizedRung], sweep_devices: int, batches: dict[str, int | None]) -> None:
+    """A rung whose runs span K > 1 devices trains the recipe's batch split K ways (``batch_size / K`` per rank), so
+    its steps and tokens are those it was sized for: ``batches`` is each variant's batch, which must be one."""
+    spans = {r.index: r.gpus_per_run or sweep_devices for r in sized}
+    if all(k == 1 for k in spans.values()):
+        return
+    missing = next((label for label, b in batches.items() if b is None), None)
+    if missing is not None:
+        raise UserInputError(f"--ladder: a rung trains on several devices, so its batch is split between them, and "
+                             f"variant {missing!r}'s batch size ({BATCH_KEY}) is not in its recipe or overrides; "
+                             "set it there")
+    known = set(batches.values())
+    if len(known) != 1:
+        found = ", ".join(f"{label}: {b}" for label, b in batches.items())
+        raise UserInputError(f"--ladder: a rung trains on several GPUs, so its batch is split between them, and the "
+                             f"variants' batch sizes are not one number ({found}); give every variant the same "
+                             f"{BATCH_KEY}")
+    batch = known.pop()
+    for r in sized:
+        k = spans[r.index]
+        if k > 1 and batch % k:
+            raise UserInputError(f"--ladder rung {r.index + 1} ({r.label}) trains on {k} devices and the batch of "
+                                 f"{batch} does not split into {k} equal parts; pick a batch size divisible by {k} "
+                                 "or another gpus_per_run")
+        if k > 1:
+            r.overrides[BATCH_KEY] = str(batch // k)
+
+
+def sweep_devices(a, fit_options: list[str]) -> int:
+    """Devices each run trains on when its rung sets none: ``--gpus_per_run``, else ``--trainer.devices``, else 1."""
+    given = a.gpus_per_run if getattr(a, "gpus_per_run", None) else option_value(fit_options, DEVICES_KEY)
+    return int(given) if given is not None and str(given).isdigit() else 1
+
+
+def variant_batch(recipe: str, overrides: dict[str, str], fit_options: list[str]) -> int | None:
+    """A variant's batch size as its run resolves it: recipe, its config files, fit options, its values."""
+    value = _config_value([recipe] + [v for k, v in overrides.items() if k == CONFIG_KEY], BATCH_KEY)
+    for key in (BATCH_KEY, "data.batch_size"):
+        value = option_value(fit_options, key) or overrides.get(key) or value
+    return int(value) if value is not None and str(value).isdigit() else None
+
+
+def rung_gpus(ladder: dict | None) -> list[int | None]:
+    """Each rung's own GPUs per run (None: the sweep's), for placement; empty without a ladder."""
+    return [r.get(GPUS) for r in ladder["rungs"]] if ladder else []
 
 
 def lr_check_values(lr: float) -> list[str]:
@@ -204,7 +277,8 @@ def add_options(p) -> None:
     """The ladder's options of ``cli.py sweep``."""
     p.add_argument("--ladder", metavar="RUNGS",
                    help="train every variant at each of these sizes: rungs separated by ';', each KEY=V[,KEY=V] "
-                        "(keys without a dot are under model.init_args.arch; tokens=N sets the rung's budget), "
+                        "(keys without a dot are under model.init_args.arch; tokens=N sets the rung's budget, "
+                        "gpus_per_run=K its GPUs per run), "
                         "smallest first, or a YAML file listing them; then `compare --scaling`")
     p.add_argument("--tokens_per_param", type=float, default=None, metavar="R",
                    help="with --ladder: each rung trains R tokens per non-embedding parameter of the baseline "
@@ -356,6 +430,8 @@ def plan(a, fit_options: list[str], recipe: str, variants: list, baseline, measu
     if a.ladder_warmup >= 0:
         for r in sized:
             r.overrides["model.init_args.warmup_steps"] = str(int(round(a.ladder_warmup * r.steps)))
+    split_batches(sized, sweep_devices(a, fit_options),
+                  {v.label: variant_batch(recipe, v.overrides, fit_options) for v in variants})
     lrs = {v.label: variant_lr(recipe, v.overrides, fit_options) for v in variants}
     if a.ladder_lr_check and any(lr is None for lr in lrs.values()):
         missing = next(label for label, lr in lrs.items() if lr is None)

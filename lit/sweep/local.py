@@ -65,8 +65,10 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
 
     def start_next(worker: Worker | None) -> bool:
         """Give the next ready child to ``worker`` (a new one when None); False when none can start now."""
-        while True:
-            ready = next((c for c in pending if gate(c) != "wait"), None)
+        while True:  # a child goes to a slot that can run it (a ladder's rungs may ask for slots of other sizes)
+            free = ([layout.slots[worker.slot]] if worker is not None
+                    else [s for s in layout.slots if s.index not in {w.slot for w in workers}])
+            ready = next((c for c in pending if gate(c) != "wait" and layout.slot_for(c, free)), None)
             if ready is None:
                 return False
             pending.remove(ready)
@@ -76,8 +78,7 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
                 report(f"skip {ready.key}: the runs it waits for did not all finish")
                 continue
             if worker is None:
-                taken = {w.slot for w in workers}
-                slot = next(s for s in layout.slots if s.index not in taken)
+                slot = layout.slot_for(ready, free)
                 worker = start_worker(lambda i: run(children[i]), logs.__getitem__, slot.threads, slot.env(),
                                       _share_check(layout, slot), slot.index)
                 workers.append(worker)
@@ -100,8 +101,7 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
         while True:
             if not stop:
                 for worker in [w for w in workers if w.current is None]:
-                    if not start_next(worker):
-                        break
+                    start_next(worker)
                 while len(workers) < layout.parallel and start_next(None):
                     pass
             busy = [w for w in workers if w.current is not None]
@@ -146,6 +146,6 @@ def run_children(children: list[Child], run: Callable[[Child], int], parallel: i
 
 def _share_check(layout: Layout, slot) -> Callable[[], None] | None:
     """What a slot sharing its GPU does before each run (in its worker): wait for its share of the GPU's memory."""
-    if layout.runs_per_gpu < 2 or not slot.devices:
+    if layout.runs_per_gpu < 2 or len(slot.devices) != 1:
         return None
     return lambda: wait_for_share(slot.devices[0], layout.runs_per_gpu, lambda line: print(line, flush=True))
