@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from arch_plugins.declarations import ROLE_GROUPS, declare_role, declare_unit_norm
-from arch_plugins.interfaces import Kind, ProjectionType, Role, StackInfo
+from arch_plugins.interfaces import Concat, Kind, ProjectionType, Role, StackInfo
 from arch_plugins.kernels.dispatch import PATTENTION_THETA, check_kernel, use_triton
 from arch_plugins.registry import PluginError
 
@@ -29,12 +29,16 @@ Activation = Literal["l2_norm_gelu", "gelu_l2_norm", "softmax"]
 def theta(scores: torch.Tensor, activation: Activation, scale: float | torch.Tensor, eps: float) -> torch.Tensor:
     """The "modified softmax" over the parameter-token axis (last dim).
 
-    ``scale`` is sqrt(n) normally; growth with ``preserve_function`` keeps it at sqrt(n_old).
+    ``scale`` is sqrt(n) normally; growth with ``preserve_function`` keeps it at sqrt(n_old). A tensor ``scale``
+    broadcasts against the scores' leading dims with a trailing 1 (the fused q|k|v path gives one per segment).
     """
     if activation == "l2_norm_gelu":
         # One (T, 1) factor and one multiply over (T, n): cheaper than dividing then scaling.
+        # The factor in the scores' dtype: under bf16 autocast the norm comes out fp32, and multiplying by it would
+        # promote the whole (T, n) product and GeLU to fp32 (a write twice the size, and a cast back for the next
+        # GEMM). TokenFormer's reference runs the whole model in bf16, norm included; in fp32 nothing changes.
         factor = scale / (torch.linalg.vector_norm(scores, dim=-1, keepdim=True) + eps)
-        return F.gelu(scores * factor)
+        return F.gelu(scores * factor.to(scores.dtype))
     if activation == "gelu_l2_norm":
         g = F.gelu(scores)
         return g * (scale / (torch.linalg.vector_norm(g, dim=-1, keepdim=True) + eps))
@@ -143,6 +147,38 @@ class Pattention(nn.Module):
         return f"{n_old} -> {n_new} tokens" if n_old != n_new else None
 
 
+class FusedPattentions(Concat):
+    """Several Pattentions of one input (q|k|v) as one key GEMM, a segmented Θ and one batched value GEMM.
+
+    The same math as the ``Concat`` of the parts (each segment of n scores is normalised on its own, with its own
+    scale), without three key GEMMs, three Θ chains and a ``cat`` of the outputs (``../shared/specs/gpu-plugins.md``
+    §2.8). The parts stay the modules that hold the tokens (``parts.0.key_param_tokens``, ...), so checkpoints,
+    growth, roles and unit-norm constraints see what they saw. Parts with different token counts or output widths
+    cannot share the batched GEMMs and run as the plain ``Concat``; so does Θ's Triton kernel where it is chosen
+    (it normalises whole rows with one scale).
+    """
+
+    def __init__(self, parts: list[Pattention]):
+        super().__init__(parts)
+        first = parts[0]
+        self.fusable = all(p.num_tokens == first.num_tokens and p.d_out == first.d_out and p.d_in == first.d_in
+                           for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first = self.parts[0]
+        # The kernel's rule reads the scores' device and row width (n): the key tokens transposed have both.
+        if not self.fusable or (first.activation == "l2_norm_gelu"
+                                and use_triton(first.kernel, PATTENTION_THETA, first.key_param_tokens.t())):
+            return super().forward(x)
+        keys = torch.cat([p.key_param_tokens for p in self.parts])  # (parts x n, d_in)
+        scores = (x @ keys.t()).unflatten(-1, (len(self.parts), first.num_tokens))  # (..., parts, n)
+        scale = torch.stack([p.scale_tokens for p in self.parts]).sqrt().unsqueeze(-1)  # (parts, 1)
+        weights = theta(scores, first.activation, scale, first.eps)
+        values = torch.stack([p.value_param_tokens for p in self.parts])  # (parts, n, d_out)
+        out = weights.reshape(-1, *weights.shape[-2:]).transpose(0, 1) @ values  # (parts, tokens, d_out)
+        return out.transpose(0, 1).reshape(*x.shape[:-1], -1)  # (..., parts x d_out): [q | k | v]
+
+
 class PattentionProjection(ProjectionType):
     """TokenFormer's projection type: every projection and the whole FFN are Pattention layers.
 
@@ -199,6 +235,11 @@ class PattentionProjection(ProjectionType):
     def linear(self, d_in: int, d_out: int, role: str, layer: int, stack: StackInfo, *, bias: bool,
                init_std: float) -> Pattention:
         return self._make(d_in, d_out, self._tokens(role, stack), stack, bias, role)
+
+    def fused(self, d_in: int, d_outs: list[int], roles: list[str], layer: int, stack: StackInfo, *,
+              bias: bool, init_std: float) -> FusedPattentions:
+        return FusedPattentions([self.linear(d_in, d, r, layer, stack, bias=bias, init_std=init_std)
+                                 for d, r in zip(d_outs, roles, strict=True)])
 
     def ffn(self, layer: int, stack: StackInfo, *, bias: bool, init_std: float) -> Pattention:
         return self._make(stack.d_model, stack.d_model, self._tokens(Role.FFN, stack), stack, bias, Role.FFN)
