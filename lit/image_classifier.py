@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from timm.utils import ModelEmaV3
 from torchmetrics.classification import MulticlassAccuracy
 
+from lit.compile_mode import CompileOption
 from lit.compute import vit_flops_per_image
 from lit.diagnostics import DiagnosticsConfig
 from lit.errors import UserInputError
@@ -67,7 +68,7 @@ class ImageClassifier(ArchitectureTask):
         ema_decay: keep an EMA of the weights with this decay per optimizer step (DeiT: 0.99996), validated
             beside the raw model as ``val_ema/*`` and saved in checkpoints; None: off.
         growth: how parameter tokens are added when growing.
-        compile: ``torch.compile`` each transformer block (recipes/trainer/compile.yaml).
+        compile: ``false``, ``true``, ``reduce-overhead`` or ``auto`` (the default; lit/compile_mode.py).
         activation_checkpointing: recompute each block's activations in backward
             (recipes/trainer/activation_checkpointing.yaml).
         diagnostics: ``diag/*`` metrics every ``interval`` steps (``--model.diagnostics.interval=0``: off).
@@ -86,7 +87,8 @@ class ImageClassifier(ArchitectureTask):
                  optimizer: str = "adamw", optimizer_options: dict[str, Any] | None = None,
                  schedule: str = "cosine", schedule_options: dict[str, Any] | None = None,
                  init_from: str | None = None, growth: Growth = Growth(), layer_decay: float | None = None,
-                 ema_decay: float | None = None, compile: bool = False, activation_checkpointing: bool = False,
+                 ema_decay: float | None = None, compile: CompileOption = "auto",
+                 activation_checkpointing: bool = False,
                  diagnostics: DiagnosticsConfig = DiagnosticsConfig(),
                  random_numbers: Literal["construction_order", "by_name"] = "construction_order"):
         super().__init__(compile=compile, activation_checkpointing=activation_checkpointing, items="images",

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
 from lit.bits_per_byte import BitsPerByte
+from lit.compile_mode import CompileOption
 from lit.compute import gpt_flops_per_token
 from lit.data import tokenizer_record
 from lit.diagnostics import DiagnosticsConfig
@@ -48,7 +49,7 @@ class LanguageModel(ArchitectureTask):
         init_from: a checkpoint whose weights start this run (optimizer and step start fresh); a TokenFormer
             checkpoint with fewer parameter tokens grows into this model.
         growth: how parameter tokens are added when growing.
-        compile: ``torch.compile`` each transformer block (recipes/trainer/compile.yaml).
+        compile: ``false``, ``true``, ``reduce-overhead`` or ``auto`` (the default; lit/compile_mode.py).
         activation_checkpointing: recompute each block's activations in backward
             (recipes/trainer/activation_checkpointing.yaml).
         diagnostics: ``diag/*`` metrics every ``interval`` steps (``--model.diagnostics.interval=0``: off).
@@ -76,7 +77,7 @@ class LanguageModel(ArchitectureTask):
                  schedule: str = "cosine", schedule_options: dict[str, Any] | None = None,
                  max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = None,
                  init_from: str | None = None, growth: Growth = Growth(),
-                 compile: bool = False, activation_checkpointing: bool = False,
+                 compile: CompileOption = "auto", activation_checkpointing: bool = False,
                  diagnostics: DiagnosticsConfig = DiagnosticsConfig(), bytes_per_token: float | None = None,
                  z_loss: float = 0.0, loss_chunk_mib: float = 256.0,
                  random_numbers: Literal["construction_order", "by_name"] = "construction_order"):

@@ -5,7 +5,9 @@ Model code stays single-device. ``ArchitectureTask.configure_model`` (lit/task.p
 
 1. activation checkpointing (``checkpoint_blocks``): a block's activations are recomputed in backward;
 2. ``torch.compile`` (``compile_model``): the whole model as one graph, or each block on its own under FSDP2;
-3. FSDP2 (``shard``), when the strategy provides a device mesh: each block becomes one ``fully_shard``
+3. FSDP2 (``shard``), when the strategy provides a device mesh of more than one process (``wraps``; torchtitan
+   applies ``fully_shard`` only when ``dp_shard > 1``: on one device the wrapper costs its hooks and copies and
+   shards nothing, 0.65x a plain model on an H200): each block becomes one ``fully_shard``
    unit (its parameters are all-gathered for its forward and backward, then freed; the last block's stay
    gathered between its forward and backward), the embedding another, and the readout (final norm site, head,
    logits site) another, kept gathered after forward; the root unit holds the rest (positions, the embedding
@@ -26,6 +28,7 @@ from datetime import timedelta
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -73,9 +76,15 @@ def _recomputed(forward):
     return run
 
 
-def compile_model(model: nn.Module, *, per_block: bool = False, **options) -> None:
+def compile_model(model: nn.Module, *, per_block: bool = False, mode: str | None = None, **options) -> None:
     """``torch.compile`` the model in place (parameter names unchanged); idempotent. ``options`` go to
     ``torch.compile`` (a test passes ``backend``).
+
+    ``mode="reduce-overhead"`` (whole model only): the training forward (gradients on, ``model.training``) is
+    compiled with CUDA graphs, its backward with it; every other call (validation, test, prediction, a probe) runs
+    the default-mode graph, outside the CUDA graphs, so an evaluation batch of another shape records no graph and
+    overwrites no training output. Each training forward first marks a new step for the graphs
+    (``torch.compiler.cudagraph_mark_step_begin``): the previous step's outputs, read by then, may be overwritten.
 
     Whole (the default): the model is one graph, traced with ``fullgraph=True`` (nanoGPT's and modded-nanogpt's
     way). The residual history is made and used up inside that one forward, so its entries are no Python state
@@ -99,12 +108,18 @@ def compile_model(model: nn.Module, *, per_block: bool = False, **options) -> No
         return
     model.compile(fullgraph=True, **options)
     compiled = {"one graph": model._compiled_call_impl}
+    if mode == "reduce-overhead":
+        compiled["step"] = torch.compile(model._call_impl, fullgraph=True, mode=mode, **options)
 
     def call(*args, **kwargs):
         if "with breaks" in compiled:
             return compiled["with breaks"](*args, **kwargs)
+        graph = "one graph"
+        if "step" in compiled and model.training and torch.is_grad_enabled():
+            graph = "step"
+            torch.compiler.cudagraph_mark_step_begin()
         try:
-            return compiled["one graph"](*args, **kwargs)
+            return compiled[graph](*args, **kwargs)
         # Raised while tracing, before any of the graph ran: a graph break, or a data-dependent guard (Python
         # control flow on a tensor's value), which one graph cannot hold.
         except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:
@@ -123,8 +138,24 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def shard(model: nn.Module, device_mesh, precision: str | None = None) -> nn.Module:
-    """Apply FSDP2 ``fully_shard`` to every transformer block, then to ``model``; idempotent.
+def _data_parallel_mesh(device_mesh):
+    names = device_mesh.mesh_dim_names or ()
+    if TENSOR_PARALLEL in names and device_mesh[TENSOR_PARALLEL].size() > 1:
+        raise UserInputError("tensor parallelism is not implemented; use ModelParallelStrategy with "
+                             "tensor_parallel_size=1 (FSDP2 data parallelism) or lit.parallel.FSDP2Strategy")
+    return device_mesh[DATA_PARALLEL] if DATA_PARALLEL in names else device_mesh
+
+
+def wraps(device_mesh, *, wrap_one_device: bool = False) -> bool:
+    """Whether ``shard`` applies FSDP2 on ``device_mesh``: only over more than one process (torchtitan's
+    ``dp_shard > 1``), unless ``wrap_one_device`` asks for the wrapper alone (a test of FSDP2's units, a measure of
+    its fixed cost). On one process the model runs as a plain single-device model, with that run's numbers."""
+    return _data_parallel_mesh(device_mesh).size() > 1 or wrap_one_device
+
+
+def shard(model: nn.Module, device_mesh, precision: str | None = None, *, wrap_one_device: bool = False) -> nn.Module:
+    """Apply FSDP2 ``fully_shard`` to every transformer block, then to ``model``; idempotent. On a one-process
+    mesh nothing is applied (``wraps``) and one log line says so.
 
     With ``bf16-mixed`` the blocks compute and all-gather in bf16 while the sharded fp32 parameters stay
     the master weights (what the optimizer and weight constraints act on) and gradients reduce in fp32.
@@ -133,11 +164,10 @@ def shard(model: nn.Module, device_mesh, precision: str | None = None) -> nn.Mod
 
     if is_sharded(model):  # configure_model may run again (e.g. a second fit)
         return model
-    names = device_mesh.mesh_dim_names or ()
-    if TENSOR_PARALLEL in names and device_mesh[TENSOR_PARALLEL].size() > 1:
-        raise UserInputError("tensor parallelism is not implemented; use ModelParallelStrategy with "
-                             "tensor_parallel_size=1 (FSDP2 data parallelism) or lit.parallel.FSDP2Strategy")
-    mesh = device_mesh[DATA_PARALLEL] if DATA_PARALLEL in names else device_mesh
+    mesh = _data_parallel_mesh(device_mesh)
+    if not wraps(device_mesh, wrap_one_device=wrap_one_device):
+        rank_zero_info("FSDP2: one process, so the model is not wrapped (nothing to shard); it trains as on one device")
+        return model
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if precision == "bf16-mixed" else MixedPrecisionPolicy())
     model_blocks = blocks(model)
@@ -202,14 +232,17 @@ class FSDP2Strategy(ModelParallelStrategy):
         build_on_meta: rank 0 alone builds the model; the other processes build it on the meta device and take
             their shards of rank 0's weights after sharding (lit/sharded_build.py; bit-identical, one whole copy
             instead of one per process). Read by ``cli.py`` before the model is built.
+        wrap_one_device: wrap the model in FSDP2 on a single process too (``wraps``): only to measure the
+            wrapper's own cost or test its units; by default one process trains the plain model.
     """
 
     def __init__(self, save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
-                 timeout: timedelta | None = default_pg_timeout, build_on_meta: bool = True):
+                 timeout: timedelta | None = default_pg_timeout, build_on_meta: bool = True,
+                 wrap_one_device: bool = False):
         super().__init__(data_parallel_size="auto", tensor_parallel_size=1,
                          save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, timeout=timeout)
-        self.build_on_meta = build_on_meta
+        self.build_on_meta, self.wrap_one_device = build_on_meta, wrap_one_device
 
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes

@@ -16,10 +16,10 @@ import math
 import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
-from lightning.pytorch.utilities import GradClipAlgorithmType
+from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
 
 from arch_plugins.declarations import has_progress_hooks
-from lit import sharded_build
+from lit import compile_mode, sharded_build
 from lit.callbacks import (
     LogRoleTable,
     RenormalizeUnitNormWeights,
@@ -29,13 +29,14 @@ from lit.callbacks import (
 )
 from lit.checkpoints import restore_rng_states, rng_states
 from lit.common_random_numbers import BY_NAME, RuntimeStreams, build
+from lit.compile_mode import CompileOption
 from lit.compute import non_embedding_parameters
 from lit.diagnostics import Diagnostics, DiagnosticsConfig
 from lit.errors import UserInputError
 from lit.log_steps import is_log_step
 from lit.matmul_precision import allow_tf32
 from lit.optim import configure, select_optimizer
-from lit.parallel import checkpoint_blocks, compile_model, is_sharded, shard
+from lit.parallel import checkpoint_blocks, compile_model, is_sharded, shard, wraps
 from lit.schedules import check as check_schedule
 from lit.throughput import ThroughputWindow, device_peak, mfu
 from lit.tracking import per_example
@@ -45,7 +46,9 @@ EXECUTION_OPTIONS = ("compile", "activation_checkpointing", "diagnostics")
 
 class ArchitectureTask(L.LightningModule):
     """Args:
-        compile: ``torch.compile`` the model as one graph (each block on its own under FSDP2).
+        compile: ``false``, ``true`` (``torch.compile``: the model as one graph, each block on its own under FSDP2),
+            ``reduce-overhead`` (the training step as CUDA graphs) or ``auto`` (the default: eager on a CPU; on CUDA
+            CUDA graphs for a one-process model under 50M parameters, ``true`` otherwise): ``lit/compile_mode.py``.
         activation_checkpointing: recompute each block's activations in backward.
         items: what training throughput counts (``tokens``, ``images``): logged as ``train/<items>_per_s``.
         diagnostics: what the diagnostics callback records and how often (``lit/diagnostics``).
@@ -55,13 +58,17 @@ class ArchitectureTask(L.LightningModule):
     # these than the checkpoint's (lit/command_line_over_checkpoint.py); every other flag wins over the checkpoint.
     ARCHITECTURE_OPTIONS: tuple[str, ...] = ("arch",)
 
-    def __init__(self, compile: bool = False, activation_checkpointing: bool = False, items: str = "samples",
-                 diagnostics: DiagnosticsConfig | None = None):
+    def __init__(self, compile: CompileOption = compile_mode.AUTO, activation_checkpointing: bool = False,
+                 items: str = "samples", diagnostics: DiagnosticsConfig | None = None):
         super().__init__()
         from lit.init_from import allow_checkpoint_types  # deferred: init_from reads the models this module builds
 
         allow_checkpoint_types()  # a run resumed with --ckpt_path reads its config types weights-only
-        self.compiled, self.recompute_activations = compile, activation_checkpointing
+        self.compile_requested = compile_mode.parse(compile)
+        # What the run compiles with, known once the device is (configure_model); until then what was asked,
+        # with auto counted as eager (what it is wherever no model is configured: a CPU, a unit test).
+        self.compiled = self.compile_requested if self.compile_requested != compile_mode.AUTO else False
+        self.recompute_activations = activation_checkpointing
         self.diagnostics = diagnostics if diagnostics is not None else DiagnosticsConfig()
         self.throughput, self.throughput_metric = ThroughputWindow(), f"train/{items}_per_s"
         self.peak_flops: float | None = None  # the device's dense peak for the run's dtype; None: no train/mfu
@@ -152,16 +159,43 @@ class ArchitectureTask(L.LightningModule):
             self.throughput.start()
 
     def configure_model(self) -> None:
-        # torchtitan's order: activation checkpointing, then compile, then FSDP2 (strategies with a device mesh).
+        # torchtitan's order: activation checkpointing, then compile, then FSDP2 (strategies with a device mesh of
+        # more than one process: on one, FSDP2 would cost its hooks and copies and shard nothing).
+        wrap_one_device = getattr(self._trainer.strategy, "wrap_one_device", False) if self._trainer else False
+        sharding = self.device_mesh is not None and wraps(self.device_mesh, wrap_one_device=wrap_one_device)
         if self.recompute_activations:
             checkpoint_blocks(self.model)
+        self._resolve_compile(sharding)
         if self.compiled:
-            compile_model(self.model, per_block=self.device_mesh is not None)
+            compile_model(self.model, per_block=sharding,
+                          mode=compile_mode.GRAPHS if self.compiled == compile_mode.GRAPHS else None)
         if self.device_mesh is not None and not is_sharded(self.model):
+            if not sharding:  # says so in one line (shard), and leaves the model as it is
+                shard(self.model, self.device_mesh, wrap_one_device=False)
+                return
             whole = sharded_build.whole_state(self.model) if sharded_build.requested() else None
-            shard(self.model, self.device_mesh, self.trainer.precision if self._trainer else None)
+            shard(self.model, self.device_mesh, self.trainer.precision if self._trainer else None,
+                  wrap_one_device=wrap_one_device)
             if whole is not None:
                 sharded_build.materialize(self.model, self.trainer.strategy.root_device, whole)
+
+    def _resolve_compile(self, sharding: bool) -> None:
+        """What ``compile`` runs with here (``lit/compile_mode.py``), said in the run's startup line and logged as the
+        param ``model/compile_resolved``, so a run records how it ran."""
+        if self._trainer is None:
+            return
+        strategy = self.trainer.strategy
+        resolution = compile_mode.resolve(self.compile_requested, self.model, strategy.root_device,
+                                          self.trainer.world_size, self.trainer.accumulate_grad_batches)
+        if resolution.mode == compile_mode.GRAPHS and sharding:
+            # FSDP2's hooks (all-gathers, reshards) run between the per-block graphs: never captured nor measured here.
+            resolution = compile_mode.Resolution(True, f"{resolution.why}; FSDP2 shards the model: no CUDA graphs")
+        self.compiled = resolution.mode
+        requested = {False: "false", True: "true"}.get(self.compile_requested, self.compile_requested)
+        rank_zero_info(f"--model.compile={requested}: {resolution.label} ({resolution.why})")
+        if self.trainer.state.fn == "fit":
+            for logger in self.loggers:
+                logger.log_hyperparams({"model/compile_resolved": resolution.label})
 
     def configure_callbacks(self) -> list[L.Callback]:
         # Whatever the architecture, weights that declared a unit-norm constraint are kept on the sphere;

@@ -62,7 +62,8 @@ def run(rank: int, world: int, init: str, out: str) -> None:
     mesh = init_device_mesh("cpu", (world,))
     report = {}
     for tied in (False, True):
-        reference, sharded = build(tied), shard(build(tied), mesh)
+        # One process opts in to the wrapper (lit/parallel.py ``wraps``): its units are what this checks.
+        reference, sharded = build(tied), shard(build(tied), mesh, wrap_one_device=True)
         report[f"tied={tied}"] = {"units": units(sharded), "max_grad_error": 0.0, "max_loss_error": 0.0}
         g = torch.Generator().manual_seed(1)  # the same batch on every rank: the averaged gradient is the batch's
         for _ in range(3):
