@@ -107,15 +107,22 @@ def test_muon_on_two_ddp_processes_ends_with_the_single_process_weights(tmp_path
 
 @pytest.mark.slow  # ~2-3 min on 2 shared cores (two Lightning runs)
 def test_muon_on_two_fsdp2_processes_ends_with_the_single_process_weights(tmp_path):
-    # Each process all-gathers the whole update of a matrix, orthogonalises it and keeps its rows. The Muon-stepped
-    # matrices agree to 7e-4 (measured 6.9e-4 after 3 steps), not bit for bit: FSDP2's reduce-scatter changes the
-    # gradient's last bits (AdamW's parameters here: <= 4e-6) and bf16 Newton-Schulz turns that into bf16 rounding
-    # flips in the update (lr 0.125 x ~0.2 x 2^-8). Orthogonalising each process's shard instead is off by ~4e-2
-    # (tests/muon_sharded_worker.py, where the gradients are equal and the match is exact).
+    # Each process all-gathers the whole update of a matrix, orthogonalises it and keeps its rows. The result is not
+    # bit for bit one process's: FSDP2's reduce-scatter changes the gradient's last bits, and bf16 Newton-Schulz
+    # turns that into bf16 rounding flips (2^-8 relative) in a fraction of the update's entries, which the next
+    # steps carry on. So the rule is on each parameter's whole difference, relative to how far it moved:
+    # ||two - one||_F <= 3e-2 ||one - start||_F. Measured (3 steps): at most 9.2e-3 on an AMD EPYC (max entry
+    # 4.4e-3; on an Intel CPU 6.9e-4), and between 7.0e-2 and 2.8e-1 for every Muon matrix when each process
+    # orthogonalises only its own rows (Newton-Schulz of [A; 0] is [NS(A); 0]), the mistake this test exists for.
     single, result = muon_on_one_and_two_processes("fsdp2", tmp_path)
     assert set(result["placements"].values()) == {"(Shard(dim=0),)"}
+    start = worker.build_model("muon").model
+    renormalize_(start)
+    start = dict(start.named_parameters())
     for name, expected in single["state"].items():
-        torch.testing.assert_close(result["state"][name], expected, atol=2e-3, rtol=0, msg=name)
+        moved = (expected - start[name].detach()).norm()
+        difference = (result["state"][name] - expected).norm()
+        assert difference <= 3e-2 * moved, f"{name}: {difference:.3e} apart after moving {moved:.3e}"
 
 
 def test_muon_on_two_processes_holding_shards_equals_one_process(tmp_path):
