@@ -234,8 +234,8 @@ def split_batches(sized: list[SizedRung], sweep_devices: int, batches: dict[str,
     known = set(batches.values())
     if len(known) != 1:
         found = ", ".join(f"{label}: {b}" for label, b in batches.items())
-        raise UserInputError(f"--ladder: a rung trains on several GPUs, so its batch is split between them, and the "
-                             f"variants' batch sizes are not one number ({found}); give every variant the same "
+        raise UserInputError(f"--ladder: a rung trains on several devices, so its batch is split between them, and "
+                             f"the variants' batch sizes are not one number ({found}); give every variant the same "
                              f"{BATCH_KEY}")
     batch = known.pop()
     for r in sized:
@@ -257,8 +257,9 @@ def sweep_devices(a, fit_options: list[str]) -> int:
 def variant_batch(recipe: str, overrides: dict[str, str], fit_options: list[str]) -> int | None:
     """A variant's batch size as its run resolves it: recipe, its config files, fit options, its values."""
     value = _config_value([recipe] + [v for k, v in overrides.items() if k == CONFIG_KEY], BATCH_KEY)
-    for key in (BATCH_KEY, "data.batch_size"):
-        value = option_value(fit_options, key) or overrides.get(key) or value
+    for source in (lambda key: option_value(fit_options, key), overrides.get):  # a variant's value comes later: wins
+        for key in (BATCH_KEY, "data.batch_size"):
+            value = source(key) or value
     return int(value) if value is not None and str(value).isdigit() else None
 
 
