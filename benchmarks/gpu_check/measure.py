@@ -149,13 +149,18 @@ def warm_up(c: Contender, device: torch.device, warmup: int, resident_before: in
                 end.record()
                 sync(device)
                 dev.append(start.elapsed_time(end) / 1e3)
-            else:
+            else:  # the CPU is the device: issuing a step is running it, so both times are its wall time
+                t0 = time.perf_counter()
                 loss = c.step()
+                host.append(time.perf_counter() - t0)
+                dev.append(host[-1])
         c.info["loss_after_warmup"] = check_finite(loss, "after warm-up")
         if host:
             c.info["host_issue_s"] = statistics.median(host)
             c.info["device_step_s"] = statistics.median(dev)
-            c.info["host_bound"] = c.info["host_issue_s"] >= 0.9 * c.info["device_step_s"]
+            # On a CPU the question has no answer (host and device are one), so it is left open.
+            c.info["host_bound"] = (c.info["host_issue_s"] >= 0.9 * c.info["device_step_s"]
+                                    if device.type == "cuda" else None)
         if device.type == "cuda":
             c.info["peak_allocated_gib"] = (torch.cuda.max_memory_allocated(device) - resident_before) / GIB
             c.info["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB

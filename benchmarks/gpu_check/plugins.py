@@ -1,15 +1,25 @@
-"""Stage D: every registered plugin's eager step time over the baseline's, at 124M width, in paired rounds.
+"""Stage D: every registered plugin's step time over the baseline's at 124M width, eager and compiled per block.
 
 The baseline is ours at 124M width (d 768, 12 layers, 12 heads, T 1024, B 8): rmsnorm, add, linear, sp, AdamW. Each
 variant changes one thing: every name the registry lists for every kind (read from the registry, so a plugin
 installed later is measured too), the attention options (clipped softmax, QK-norm with a logit soft-cap, gated
 attention) and the nGPT recipe (hypersphere norm and nGPT residual together, renormalised after each step as its
-callback does). A variant and the baseline, both alive, run in alternating windows (3 rounds); the ratio is taken
-per round, variant over baseline, so drift cancels, and does not depend on any FLOP count. One variant at a time is
-alive beside the baseline, so memory stays that of two models.
+callback does).
 
-Then, as time allows, the same ratio with both compiled whole (nGPT, hyper-connections, block AttnRes,
-Pattention), and the optimizer step alone, Muon against AdamW.
+Each variant has two rows, one model: eager against the eager baseline, then the same model compiled per block
+(``lit.parallel.compile_model(per_block=True)``, each block a graph: stage C measured it at 2.1 s and 0.98 of the
+plain model at 124M) against the baseline compiled the same way. A pairing warms the variant up (its first step,
+the compile, timed apart; host and device time per step, so whether it is host-bound; its peak memory above what
+was resident before it was built), runs one baseline step untimed (the allocator re-grows what the variant
+displaced, outside any window), then alternates windows of variant and baseline, the order flipped each round; each
+round gives one ratio, so drift cancels (``ratios``: the median, a t interval, the target and the verdict). Steps
+per window and rounds come from ``budget.plan_pairings``: at least 10 steps and 5 rounds where a ratio is under
+1.5x, 3 rounds elsewhere, or what the stage's time allows, printed with what it cut. Per row also the FLOPs per
+token over the baseline's (``lit.compute``, the model's FLOPs: an optimizer's are not counted) and the peak memory
+over the baseline's. Muon's AdamW half is fused where the baseline's AdamW is, so its row compares optimizers, not
+AdamW implementations. Two baselines (eager and compiled) and one variant are alive at a time.
+
+Then the optimizer step alone, Muon against AdamW: host wall time and device time.
 """
 
 from __future__ import annotations
@@ -20,9 +30,10 @@ import time
 import torch
 
 from arch_plugins import registry
-from benchmarks.gpu_check import measure
-from benchmarks.gpu_check.budget import SKIPPED
-from benchmarks.gpu_check.models import Shape, build_ours, fixed_batch, loss_of, project_adamw, training_step
+from benchmarks.gpu_check import measure, ratios
+from benchmarks.gpu_check.budget import CLOSE_RATIO, SKIPPED, PairingCosts, PairingPlan, plan_pairings, replan
+from benchmarks.gpu_check.models import Shape, build_ours, fixed_batch, is_fused, loss_of, training_step
+from lit.compute import gpt_flops_per_token
 from lit.models import TransformerConfig
 
 BASELINE = {"norm": "rmsnorm", "residual": "add", "projection": "linear", "parametrization": "sp",
@@ -30,8 +41,18 @@ BASELINE = {"norm": "rmsnorm", "residual": "add", "projection": "linear", "param
 OPTIONS = {"clipped softmax": {"clipped_softmax_gamma": -0.03},
            "qk_norm + logit soft-cap": {"qk_norm": "rmsnorm", "logit_softcap": 30.0},
            "gated attention": {"gated_attention": True}}
-COMPILED = ("recipe=gpt_ngpt", "residual=hyperconn", "residual=attnres_block", "projection=pattention")
 ARCH_FIELDS = set(TransformerConfig.__dataclass_fields__)
+# The dry run measures one variant of each kind, an option and the recipe eager, and two compiled (a norm's new
+# graph; Muon, whose blocks are the baseline's); a name the registry no longer has falls back to the kind's first.
+# A slow test sets EVERY_VARIANT_IN_DRY: the whole registry, both rows.
+DRY_EAGER = ("norm=dyt", "residual=laurel_rw", "projection=pattention", "parametrization=mup", "optimizer=muon",
+             "clipped softmax", "recipe=gpt_ngpt")
+DRY_COMPILED = ("norm=dyt", "optimizer=muon")
+EVERY_VARIANT_IN_DRY = False
+NOT_IN_DRY = {"status": "not run in --dry (a sample is)"}
+# Columns every measured row has (values may be None where a CPU cannot measure them: memory, host-bound).
+COLUMNS = ("step_ratio", "ratio_ci", "rounds", "steps_per_window", "target", "verdict", "flops_ratio",
+           "peak_allocated_gib", "memory_ratio", "host_issue_s", "device_step_s", "host_bound", "first_step_s")
 
 
 def shape(dry: bool) -> Shape:
@@ -69,10 +90,37 @@ def variants(s: Shape) -> dict[str, dict]:
     return out
 
 
-def build_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:
+def dry_sample(labels, wanted: tuple[str, ...]) -> set[str]:
+    """``wanted`` where the registry still has them, else the first variant of the same kind."""
+    labels = list(labels)
+    chosen = set()
+    for label in wanted:
+        if label in labels:
+            chosen.add(label)
+        elif "=" in label:
+            kind = label.split("=")[0]
+            chosen |= {next((x for x in labels if x.startswith(f"{kind}=")), None)} - {None}
+    return chosen
+
+
+def fuse_adamw_groups(opt: torch.optim.Optimizer) -> None:
+    """Make the AdamW groups of ``opt`` (Muon's AdamW half, foreach as built) step with torch's fused kernel, as the
+    baseline's AdamW does on a GPU; before the first step, so its state is made for the fused kernel."""
+    for group in opt.param_groups:
+        if not group.get("muon", False):
+            group.update(fused=True, foreach=False)
+
+
+def build_optimizer(model: torch.nn.Module, name: str, fused_like: bool = False) -> torch.optim.Optimizer:
+    """The optimizer ``name`` as a run builds it; ``fused_like``: its AdamW part fused, as the baseline's is."""
+    from benchmarks.gpu_check.models import project_adamw
+
     if name == "adamw":
         return project_adamw(model)
-    return registry.create("optimizer", name).build(model, lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
+    opt = registry.create("optimizer", name).build(model, lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
+    if fused_like and not is_fused(opt):
+        fuse_adamw_groups(opt)
+    return opt
 
 
 def after_step_of(model: torch.nn.Module):
@@ -85,59 +133,161 @@ def after_step_of(model: torch.nn.Module):
     return lambda: renormalize_(model)
 
 
-def contender(label: str, spec: dict, s: Shape, device, x, y, compiled: bool) -> tuple[measure.Contender, object]:
-    model = build_ours(s, device, **spec["arch"])
-    opt = build_optimizer(model, spec["optimizer"])
-    forward = torch.compile(model, dynamic=False) if compiled else model
-    step = training_step(model, forward, opt, x, y, device, after_step=after_step_of(model))
-    return measure.Contender(label, step, s.tokens, {}), opt
+def allocated(device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
-def paired(base_step, c: measure.Contender, device, rounds: int, steps: int, warmup: int, clock) -> dict:
-    """Variant and baseline in alternating windows; per round, variant step / baseline step (medians)."""
-    base = measure.Contender("baseline", base_step, c.tokens_per_step)
-    measure.warm_up(c, device, warmup, torch.cuda.memory_allocated(device) if device.type == "cuda" else 0)
+class Built:
+    """One variant's model, optimizer and step, with what was resident before it was built (its memory is what it
+    allocates above that) and its FLOPs per token."""
+
+    def __init__(self, spec: dict, s: Shape, device, x, y, fused_like: bool):
+        t0 = time.perf_counter()
+        self.resident = allocated(device)
+        self.model = build_ours(s, device, **spec["arch"])
+        self.opt = build_optimizer(self.model, spec["optimizer"], fused_like)
+        self.step = training_step(self.model, self.model, self.opt, x, y, device,
+                                  after_step=after_step_of(self.model))
+        self.flops_per_token = gpt_flops_per_token(self.model, s.seq)
+        self.build_s = time.perf_counter() - t0
+
+    def compile(self) -> None:
+        """Per block, as stage C's ``ours compiled per block``: the model's step runs compiled from now on."""
+        from lit.parallel import compile_model
+
+        compile_model(self.model, per_block=True)
+
+
+def paired(base_step, c: measure.Contender, device, plan: PairingPlan, clock, resident: int, label: str,
+           compiled: bool) -> dict:
+    """Warm the variant up, one untimed baseline step, then alternating windows; one ratio per round."""
+    before = measure.dynamo_counts()
+    measure.warm_up(c, device, plan.warmup, resident)
+    row = {"status": c.status, **{k: v for k, v in c.info.items() if k in (
+        "first_step_s", "loss_step0", "host_issue_s", "device_step_s", "host_bound", "peak_allocated_gib")}}
+    row.setdefault("peak_allocated_gib", None)
+    if compiled:
+        after = measure.dynamo_counts()
+        row.update(graphs=after["graphs"] - before["graphs"], graph_breaks=after["breaks"] - before["breaks"])
     if not c.alive:
-        return {"status": c.status, "error": c.error}
-    ratios = []
-    for r in range(rounds):
-        if r and not clock.fits(2 * steps * (statistics.median(c.step_s) + statistics.median(base.step_s))):
+        row["error"] = c.error
+        return row
+    base = measure.Contender("baseline", base_step, c.tokens_per_step)
+    base_step()  # allocator growth and any lazy state of the baseline's land outside the windows (section 4.3)
+    measure.sync(device)
+    rounds, wanted = [], plan.rounds
+    while len(rounds) < wanted:
+        if rounds and not clock.fits(plan.steps * (statistics.median(c.step_s) + statistics.median(base.step_s))):
+            row["cut"] = f"{len(rounds)} of {wanted} rounds: budget"
             break
-        for who in ((base, c) if r % 2 == 0 else (c, base)):
-            measure.window(who, device, steps)
+        for who in ((base, c) if len(rounds) % 2 == 0 else (c, base)):
+            measure.window(who, device, plan.steps)
         if not (c.alive and base.alive):
             break
-        ratios.append(statistics.median(c.step_s[-steps:]) / statistics.median(base.step_s[-steps:]))
-    row = {"status": c.status if c.alive else c.status, "first_step_s": c.info.get("first_step_s"),
-           "loss_step0": c.info.get("loss_step0")}
+        rounds.append(statistics.median(c.step_s[-plan.steps:]) / statistics.median(base.step_s[-plan.steps:]))
+        if len(rounds) == plan.rounds and statistics.median(rounds) < CLOSE_RATIO:
+            wanted = plan.close_rounds
+    if not base.alive:
+        raise RuntimeError(f"the baseline failed beside {label}: {base.error}")
+    row["status"] = c.status
     if c.error:
         row["error"] = c.error
-    if ratios:
-        row.update(step_ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
-                   rounds=len(ratios), variant_step_s=statistics.median(c.step_s),
-                   baseline_step_s=statistics.median(base.step_s))
+    if rounds:
+        row.update(ratios.summary(label, compiled, rounds), steps_per_window=plan.steps,
+                   variant_step_s=statistics.median(c.step_s), baseline_step_s=statistics.median(base.step_s))
     return row
 
 
-def optimizer_step_alone(s: Shape, device, x, y, reps: int) -> dict:
-    """Seconds per ``opt.step()`` alone (gradients from one backward kept), per registered optimizer."""
+def relative(row: dict, key: str, base_value, ratio_key: str) -> None:
+    value = row.get(key)
+    row[ratio_key] = value / base_value if value is not None and base_value else None
+
+
+def measure_variant(label: str, spec: dict, s: Shape, device, x, y, baselines: dict, plan: PairingPlan, clock,
+                    modes: tuple[str, ...]) -> dict[str, dict]:
+    """The variant's rows in ``modes`` (eager, compiled), one model: built, paired eager, compiled, paired again."""
+    rows: dict[str, dict] = {}
+    built = None
+    try:
+        built = Built(spec, s, device, x, y, baselines["eager"]["adamw_fused"])
+        for mode in modes:
+            compiled = mode == "compiled"
+            if compiled:
+                built.compile()
+            c = measure.Contender(label, built.step, s.tokens)
+            row = paired(baselines[mode]["step"], c, device, plan, clock, built.resident, label, compiled)
+            row["flops_per_token"] = built.flops_per_token
+            row["adamw_fused"] = is_fused(built.opt)
+            relative(row, "flops_per_token", baselines[mode]["flops_per_token"], "flops_ratio")
+            relative(row, "peak_allocated_gib", baselines[mode]["peak_allocated_gib"], "memory_ratio")
+            rows[mode] = row
+            if not c.alive:
+                break
+    except Exception as exc:
+        for mode in modes:
+            rows.setdefault(mode, {"status": "oom" if measure.is_oom(exc) else "failed",
+                                   "error": measure.error_text(exc)})
+    finally:
+        built = None
+        measure.free_memory(device)
+    for mode in modes:
+        rows.setdefault(mode, {"status": f"not run: the {modes[0]} row failed"})
+    return rows
+
+
+def baseline(s: Shape, device, x, y, warmup: int, compiled: bool) -> tuple[dict, measure.Contender]:
+    """The baseline in one mode: built, (compiled per block,) warmed up; its row and its contender."""
+    from benchmarks.gpu_check.models import project_adamw
+
+    t0 = time.perf_counter()
+    resident = allocated(device)
+    model = build_ours(s, device)
+    opt = project_adamw(model)
+    flops = gpt_flops_per_token(model, s.seq)
+    build_s = time.perf_counter() - t0
+    if compiled:
+        from lit.parallel import compile_model
+
+        compile_model(model, per_block=True)
+    c = measure.Contender("baseline" + (" compiled per block" if compiled else ""),
+                          training_step(model, model, opt, x, y, device), s.tokens)
+    measure.warm_up(c, device, max(warmup, 1), resident)
+    row = {"status": c.status, "error": c.error, "build_s": build_s, "flops_per_token": flops,
+           "adamw_fused": is_fused(opt), "peak_allocated_gib": c.info.get("peak_allocated_gib"),
+           **{k: c.info.get(k) for k in ("first_step_s", "host_issue_s", "device_step_s", "host_bound")}}
+    row["step_s"] = row["device_step_s"] or row["first_step_s"]
+    return row, c
+
+
+def optimizer_step_alone(s: Shape, device, x, y, reps: int, fused_like: bool) -> dict:
+    """Seconds per ``opt.step()`` alone (gradients from one backward kept), per registered optimizer: the host's
+    wall time, synchronised at both ends, and the device's time between CUDA events (on a CPU, the same)."""
     out = {}
     for name in registry.names("optimizer"):
+        model = opt = step = None
         try:
             model = build_ours(s, device)
-            opt = build_optimizer(model, name)
+            opt = build_optimizer(model, name, fused_like)
             step = training_step(model, model, opt, x, y, device)
             step()  # optimizer state exists
 
             loss_of(model, x, y, device, True).backward()
-            times = []
+            wall, dev = [], []
             for _ in range(reps):
                 measure.sync(device)
                 t0 = time.perf_counter()
-                opt.step()
-                measure.sync(device)
-                times.append(time.perf_counter() - t0)
-            out[name] = {"step_s": measure.quantiles(times)}
+                if device.type == "cuda":
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    opt.step()
+                    end.record()
+                    measure.sync(device)
+                    dev.append(start.elapsed_time(end) / 1e3)
+                else:
+                    opt.step()
+                wall.append(time.perf_counter() - t0)
+            out[name] = {"step_s": measure.quantiles(wall), "device_s": measure.quantiles(dev or wall),
+                         "adamw_fused": is_fused(opt)}
         except Exception as exc:
             out[name] = {"status": "failed", "error": measure.error_text(exc)}
         finally:
@@ -147,73 +297,70 @@ def optimizer_step_alone(s: Shape, device, x, y, reps: int) -> dict:
 
 
 def run(ctx, clock, out: dict) -> None:
-    device, dry = ctx.device, ctx.dry
+    dry = ctx.dry
     s = shape(dry)
-    rounds, steps, warmup = (1, 1, 0) if dry else (3, 3, 2)
-    x, y = fixed_batch(s, device)
+    warmup = 1 if dry else 2
+    # One graph per block per variant accumulates on the same code (Block's forward): room for the whole registry,
+    # so that no variant silently falls back to eager at the recompile limit (each compiled row counts its graphs).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 512)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 8192)
     torch._dynamo.reset()
-    base_model = build_ours(s, device)
-    base = measure.Contender("baseline", training_step(base_model, base_model, project_adamw(base_model), x, y,
-                                                       device), s.tokens)
-    measure.warm_up(base, device, warmup + 2, 0)
-    if not base.alive:
-        out.update(shape=vars(s), baseline={"status": base.status, "error": base.error})
-        return
-    base_s = base.info.get("device_step_s") or base.info["first_step_s"]
-    out.update(shape=vars(s), baseline={"first_step_s": base.info["first_step_s"], "step_s": base_s},
-               eager={}, compiled={})
+    with measure.compile_backend("eager" if dry else None):  # dry: the same calls, dynamo only (fast on a CPU)
+        measure_all(ctx, clock, out, s, warmup)
+
+
+def measure_all(ctx, clock, out: dict, s: Shape, warmup: int) -> None:
+    device, dry = ctx.device, ctx.dry
+    x, y = fixed_batch(s, device)
+    out.update(shape=vars(s), baseline={}, eager={}, compiled={})
+    baselines: dict[str, dict] = {}
+    for mode in ("eager", "compiled"):
+        row, c = baseline(s, device, x, y, warmup, compiled=mode == "compiled")
+        out["baseline"][mode] = row
+        if not c.alive:
+            return
+        baselines[mode] = dict(row, step=c.step)
     todo = variants(s)
-    # The dry run measures one variant of each kind (and one option, and the recipe): every path, in a test's time.
-    sampled = {next((label for label in todo if label.startswith(f"{kind}=")), None) for kind in registry.kinds()}
-    sampled |= {next(iter(OPTIONS)), "recipe=gpt_ngpt"}
+    eager_sample = dry_sample(todo, DRY_EAGER)
+    compiled_sample = dry_sample(todo, DRY_COMPILED)
+    measured = [label for label, spec in todo.items() if "status" not in spec and (
+        not dry or EVERY_VARIANT_IN_DRY or label in eager_sample)]
+    reserve = 2.0 if dry else 6.0  # the optimizer step alone, at the end
+    base_e, base_c = out["baseline"]["eager"], out["baseline"]["compiled"]
+    costs = PairingCosts(eager_step_s=base_e["step_s"], compiled_step_s=base_c["step_s"],
+                         # the baseline's compile paid the process's first-compile costs; a plugin's graph is larger
+                         compile_s=base_c["first_step_s"] - base_c["step_s"] + 1.0,
+                         build_s=base_e["build_s"] + 0.3)
+    plan = plan_pairings(max(0.0, clock.left() - reserve), len(measured), costs, warmup=warmup, dry=dry)
+    out["plan"] = dict(vars(plan), text=plan.describe(), costs=vars(costs))
+    print(f"[D] plan: {plan.describe()}", flush=True)
+    spent, done = 0.0, 0
     for label, spec in todo.items():
-        if dry and label not in sampled:
-            spec = {"status": "not run in --dry (one variant per kind is)"}
-        if "status" in spec:
-            out["eager"][label] = spec
+        if done and not dry:  # the estimates were guesses: what the variants so far took re-sizes the rest
+            new, scaled = replan(plan, costs, spent / done, max(0.0, clock.left() - reserve), len(measured) - done)
+            if (new.steps, new.rounds, new.close_rounds) != (plan.steps, plan.rounds, plan.close_rounds):
+                print(f"[D] re-planned after {done} variants ({spent / done:.1f} s each): {new.describe()}",
+                      flush=True)
+                out["plan"].setdefault("replans", []).append({"after": done, "text": new.describe()})
+                plan, costs = new, scaled
+        if "status" in spec or label not in measured:
+            out["eager"][label] = out["compiled"][label] = spec if "status" in spec else dict(NOT_IN_DRY)
             continue
-        estimate = (1 + warmup + 2 * rounds * steps) * base_s * 1.5 + (0.05 if dry else 0.5)
+        modes = ("eager", "compiled") if not dry or EVERY_VARIANT_IN_DRY or label in compiled_sample else ("eager",)
+        estimate = costs.variant_s(plan.steps, plan.rounds, plan.rounds, warmup) * (len(modes) / 2)
         if not clock.fits(estimate):
-            out["eager"][label] = {"status": SKIPPED, "estimate_s": estimate}
+            out["eager"][label] = out["compiled"][label] = {"status": SKIPPED, "estimate_s": estimate}
             continue
-        try:
-            c, _ = contender(label, spec, s, device, x, y, compiled=False)
-            out["eager"][label] = paired(base.step, c, device, rounds, steps, warmup, clock)
-        except Exception as exc:
-            out["eager"][label] = {"status": "oom" if measure.is_oom(exc) else "failed",
-                                   "error": measure.error_text(exc)}
-        c = None
-        measure.free_memory(device)
-    # Compiled: both sides compiled whole; first the baseline, then each variant while time allows.
-    compile_s = ctx.compile_s_per_layer * s.n_layers if getattr(ctx, "compile_s_per_layer", None) else (
-        2.0 if dry else 60.0)
-    # Not in the dry run: the path is the eager one's with torch.compile, which stage C's dry run exercises.
-    names = () if dry else COMPILED
-    base_compiled = None
-    if dry:
-        out["compiled"]["(all)"] = {"status": "not run in --dry"}
-    for label in names:
-        if not clock.fits(2 * compile_s if base_compiled is None else compile_s):
-            out["compiled"][label] = {"status": SKIPPED, "estimate_s": compile_s}
-            continue
-        try:
-            if base_compiled is None:
-                base_compiled, _ = contender("baseline compiled", {"arch": {}, "optimizer": "adamw"}, s, device, x,
-                                             y, compiled=True)
-                measure.warm_up(base_compiled, device, warmup, 0)
-                out["compiled"]["baseline"] = {"status": base_compiled.status,
-                                               "compile_s": base_compiled.info.get("first_step_s")}
-            c, _ = contender(label, todo[label], s, device, x, y, compiled=True)
-            out["compiled"][label] = paired(base_compiled.step, c, device, rounds, steps, warmup, clock)
-            out["compiled"][label]["compile_s"] = out["compiled"][label].pop("first_step_s", None)
-        except Exception as exc:
-            out["compiled"][label] = {"status": "failed", "error": measure.error_text(exc)}
-        c = None
-        measure.free_memory(device)
-    base_compiled = None
-    base = base_model = None
+        t0 = time.perf_counter()
+        rows = measure_variant(label, spec, s, device, x, y, baselines, plan, clock, modes)
+        spent, done = spent + time.perf_counter() - t0, done + 1
+        out["eager"][label] = rows["eager"]
+        out["compiled"][label] = rows.get("compiled", dict(NOT_IN_DRY))
+        getattr(ctx, "save", lambda: None)()
+    baselines.clear()
     measure.free_memory(device)
-    if clock.fits(2.0 if dry else 10.0):
-        out["optimizer_step_alone"] = optimizer_step_alone(s, device, x, y, 2 if dry else 10)
+    if clock.fits(1.0 if dry else 4.0):
+        out["optimizer_step_alone"] = optimizer_step_alone(s, device, x, y, 2 if dry else 10,
+                                                           base_e["adamw_fused"])
     else:
         out["optimizer_step_alone"] = {"status": SKIPPED}

@@ -22,14 +22,24 @@ STAGES = [
      "loop: eager, and captured as one CUDA graph per step."),
     ("C", "throughput ladder", "124M (d 768, 12 layers, 12 heads, T 1024, vocabulary 50,304, batch 16), 350M "
      "(d 1024, 24 layers, batch 8) and ~1.3B (d 2048, 24 layers, batch 4; FSDP2 on a one-process mesh through "
-     "`lit.parallel.shard`, with and without activation checkpointing), each against a plain nanoGPT-style model "
+     "`lit.parallel.shard`, with and without activation checkpointing: wrapper overhead only, since one process shards "
+     "nothing), each against a plain nanoGPT-style model "
      "(`benchmarks/throughput.py`'s `PlainGPT`) compiled whole, in one process. Per contender: tokens/s from the "
      "median step (p20-p80 over 3 interleaved rounds of 10 steps), MFU = training FLOPs per token "
      "(`lit/compute.py`) x tokens/s / peak (spec sheet and measured GEMM), peak memory, compile time apart, and "
      "whether the host is the bottleneck."),
-    ("D", "plugins", "Every registered plugin (and the attention options, and the nGPT recipe) at 124M width: its "
-     "eager step time over the baseline's, in paired rounds; compiled whole for nGPT, hyper-connections, block "
-     "AttnRes and Pattention as time allows; the optimizer step alone, Muon against AdamW."),
+    ("D", "plugins", "Every registered plugin (and the attention options, and the nGPT recipe) at 124M width "
+     "(batch 8), two rows on one model: eager against the eager baseline, then compiled per block (each block one "
+     "graph, as stage C's `ours compiled per block`) against the baseline compiled the same way. Per row: the step "
+     "time over the baseline's (median of per-round ratios, with a 95% t interval on the log ratios), the target "
+     "beside it (compiled at most 1.15x, hyper-connections 1.25x, mHC 1.35x, full AttnRes 1.3x; eager at most "
+     "1.5x) and a missed target flagged, the FLOPs per token over the baseline's (`lit/compute.py`; an optimizer's "
+     "FLOPs are not counted), the peak memory above what was resident (and over the baseline's), host issue time "
+     "against device time per step and whether the host is the bottleneck, the compile time and graphs. Fairness: "
+     "at least 10 steps per window, 5 rounds where a ratio is under 1.5x and 3 elsewhere, or what the budget allows "
+     "(`budget.plan_pairings` prints and records what it cut, and re-plans as the variants' real cost shows); one "
+     "untimed baseline step per pairing; Muon's AdamW half fused like the baseline's. Then the optimizer step "
+     "alone, Muon against AdamW, host wall and device time."),
     ("E", "Triton kernels", "`benchmarks.kernels.measure_ops`: each fused op's forward and forward+backward for "
      "eager torch, compiled torch and the Triton kernel at d 1024 with 8 x 1024 tokens, in GB/s and as a share of "
      "the spec and the measured copy bandwidth; `nn.RMSNorm` eager and compiled as a reference; the "
@@ -143,7 +153,10 @@ def _ladder(c: dict) -> list[str]:
                   f"{_f(rung.get('step0_loss_ours_minus_plain'), '{:+.4f}')}).", ""]
         rows = []
         for cname, r in rung.get("contenders", {}).items():
-            rows.append([cname, r.get("status"), _ms(r.get("step_s")), _f(r.get("tokens_per_s"), "{:,.0f}"),
+            # The check runs in one process: FSDP2 there shards nothing, so its rows time the wrapper alone.
+            label = cname + (" (wrapper overhead only: one process, nothing sharded)"
+                             if cname.startswith("ours FSDP2") else "")
+            rows.append([label, r.get("status"), _ms(r.get("step_s")), _f(r.get("tokens_per_s"), "{:,.0f}"),
                          _pct(r.get("mfu_spec")), _pct(r.get("mfu_measured_gemm")), _f(r.get("over_ceiling"),
                                                                                        "{:.3f}"),
                          f"{_f(r.get('peak_allocated_gib'), '{:.1f}')} / {_f(r.get('peak_reserved_gib'), '{:.1f}')}",
@@ -157,9 +170,83 @@ def _ladder(c: dict) -> list[str]:
     return lines
 
 
+OLD_STAGE_D = ("Measured by the first stage D (commit above): eager rows only, 3 rounds of 3 steps per window, no "
+               "interval, no untimed baseline step per pairing, Muon's AdamW half foreach against a fused baseline; "
+               "the plugins as they were before issue 43's rewrites.")
+
+
+def _ci(r: dict) -> str:
+    ci = r.get("ratio_ci")
+    if not ci:
+        return "–"
+    return f"{ci[0]:.3f}-{ci[1]:.3f}" if ci[1] != float("inf") else "– (1 round)"
+
+
+def _gib(r: dict) -> str:
+    peak = r.get("peak_allocated_gib")
+    if peak is None:
+        return "–"
+    return f"{peak:.1f}" + (f" ({r['memory_ratio']:.2f}x)" if r.get("memory_ratio") is not None else "")
+
+
+def _host(r: dict) -> str:
+    """Host issue time / device time of one step, in ms."""
+    if r.get("host_issue_s") is None:
+        return "–"
+    device = r.get("device_step_s")
+    return f"{r['host_issue_s'] * 1e3:.1f} / " + ("–" if device is None else f"{device * 1e3:.1f}")
+
+
+def _plugin_rows(rows: dict, compiled: bool) -> list[list[str]]:
+    out = []
+    for label, r in rows.items():
+        cells = [label, _status(r) if r.get("status") != "ran" else "ran", _f(r.get("step_ratio"), "{:.3f}"), _ci(r),
+                 f"{r['rounds']} x {r['steps_per_window']}" if "steps_per_window" in r else "–",
+                 _f(r.get("target"), "{:.2f}"), f"**{r['verdict']}**" if "MISSED" in r.get("verdict", "") else
+                 r.get("verdict", "–"), _f(r.get("flops_ratio"), "{:.3f}"), _gib(r), _host(r),
+                 _f(r.get("host_bound"))]
+        if compiled:
+            cells += [_f(r.get("first_step_s"), "{:.1f}"),
+                      f"{r['graphs']}/{r['graph_breaks']}" if "graphs" in r else "–"]
+        out.append(cells)
+    return out
+
+
 def _plugins(d: dict) -> list[str]:
+    if "plan" not in d:
+        return _plugins_first(d)
+    lines = [f"Shape {d.get('shape')}.", "", f"Plan: {d['plan'].get('text')}"]
+    lines += [f"Re-planned after {p['after']} variants: {p['text']}" for p in d["plan"].get("replans", [])]
+    lines += [""]
     base = d.get("baseline", {})
-    lines = [f"Shape {d.get('shape')}; baseline step {_f(base.get('step_s'), '{:.4f}')} s.", ""]
+    lines += _table(["baseline", "status", "step ms", "host issue / device ms", "host-bound", "peak GiB",
+                     "first step (compile) s", "FLOPs per token", "AdamW fused"],
+                    [[mode, _status(b), _f(b.get("step_s") and b["step_s"] * 1e3, "{:.2f}"), _host(b),
+                      _f(b.get("host_bound")), _f(b.get("peak_allocated_gib"), "{:.1f}"),
+                      _f(b.get("first_step_s"), "{:.1f}"), _f(b.get("flops_per_token"), "{:.4g}"),
+                      _f(b.get("adamw_fused"))] for mode, b in base.items()])
+    header = ["variant", "status", "step / baseline (median)", "95% interval", "rounds x steps", "target", "verdict",
+              "FLOPs / baseline", "peak GiB (/ baseline)", "host issue / device ms", "host-bound"]
+    for mode, title in (("compiled", "Compiled per block, against the baseline compiled per block:"),
+                        ("eager", "Eager, against the eager baseline:")):
+        lines += ["", title, ""]
+        lines += _table(header + (["compile s", "graphs/breaks"] if mode == "compiled" else []),
+                        _plugin_rows(d.get(mode, {}), mode == "compiled"))
+    for mode in ("compiled", "eager"):
+        missed = [label for label, r in d.get(mode, {}).items() if "MISSED" in r.get("verdict", "")]
+        lines += ["", f"Targets missed, {mode}: " + (", ".join(missed) if missed else "none")]
+    opt = d.get("optimizer_step_alone")
+    if isinstance(opt, dict) and opt and "status" not in opt:
+        lines += ["", "Optimizer step alone, host wall ms (device ms): " + ", ".join(
+            f"{name} {_ms(r.get('step_s'))} ({_ms(r.get('device_s'))})" if "step_s" in r else
+            f"{name} {r.get('status')}" for name, r in opt.items())]
+    return lines
+
+
+def _plugins_first(d: dict) -> list[str]:
+    """The first stage D's JSON (eager rows only), as it was reported."""
+    base = d.get("baseline", {})
+    lines = [OLD_STAGE_D, "", f"Shape {d.get('shape')}; baseline step {_f(base.get('step_s'), '{:.4f}')} s.", ""]
     rows = [[label, r.get("status", "?"), _f(r.get("step_ratio"), "{:.3f}"),
              f"{_f(r.get('ratio_min'), '{:.3f}')}-{_f(r.get('ratio_max'), '{:.3f}')}" if "ratio_min" in r else "–",
              _f(r.get("rounds"))] for label, r in d.get("eager", {}).items()]
@@ -236,8 +323,35 @@ def results(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def d_estimate() -> str:
+    """Stage D's plan at the first H200 check's figures, by the code that plans a run (``budget.plan_pairings``)."""
+    from benchmarks.gpu_check.budget import FIRST_CHECK_H200 as costs
+    from benchmarks.gpu_check.budget import plan_pairings
+    from benchmarks.gpu_check.plugins import shape as plugin_shape
+    from benchmarks.gpu_check.plugins import variants
+    from benchmarks.gpu_check.run import DEFAULT_BUDGET_S, NOMINAL_S, RESERVE_S, RUN_ORDER
+
+    count = sum("status" not in spec for spec in variants(plugin_shape(False)).values())
+    startup_s = 15.0  # imports, CUDA start-up and stage A (the first check: 0.4 s for A)
+    after_a = RUN_ORDER[RUN_ORDER.index("A") + 1:]
+    allotted = (DEFAULT_BUDGET_S - RESERVE_S - startup_s) * NOMINAL_S["D"] / sum(NOMINAL_S[s] for s in after_a)
+    plan = plan_pairings(allotted - 6.0, count, costs)
+    return ("How long (an estimate, before a run): the default run ends within 460 s + 12 s of grace, under 8 "
+            f"minutes, whatever the stages find. Stage D is allotted about {allotted:.0f} s. At the first H200 "
+            f"check's figures (eager baseline step {costs.eager_step_s * 1e3:.1f} ms at batch 8, measured; compiled "
+            f"per block ≈{costs.compiled_step_s * 1e3:.0f} ms, estimated from stage C's batch 16; a plugin's "
+            f"per-block compile taken as {costs.compile_s:.1f} s, twice stage C's 2.1 s for the baseline plus a "
+            f"second; {costs.build_s:.1f} s to build each variant) one variant costs "
+            f"≈{plan.estimate_s / max(plan.variants, 1):.1f} s eager and compiled, so D's plan would be: "
+            f"{plan.describe()}. The run replaces these guesses with its baselines' measured step and compile "
+            "times, and re-plans after each plugin from what the plugins so far took. E took 15 s on the first "
+            "check; C and B get what is left (C's ladder and B's fits were measured then, below).")
+
+
 def page(result: dict | None) -> str:
     """docs/performance/gpu.md: what the check measures and how to run it, then the latest results (or none)."""
+    from benchmarks.gpu_check.run import RUN_ORDER
+
     lines = ["# Performance on a GPU", "",
              "`benchmarks/gpu_check` measures, on one GPU and in one command, what a run here costs against its "
              "math: the device's peaks, the real training path's syncs and overhead, a throughput ladder against a "
@@ -246,14 +360,19 @@ def page(result: dict | None) -> str:
              f"{COMMAND} --dry           # any machine: every stage on CPU at tiny shapes (what the tests run)",
              "```", "",
              "The budget (`--budget_s`, 460 s by default) counts from the start of the process, imports included. "
+             f"The stages run in the order {' '.join(RUN_ORDER)}: D, what the check must answer, right after the "
+             "peaks, and B last, since its CUDA-graph contender lost the CUDA context on the first H200 check. "
              "Each stage reads one global deadline: it is allotted its nominal share of the time left (what an "
              "earlier stage did not use flows on), and each contender, plugin or compile inside it that would not "
              "fit is recorded as `skipped: budget` rather than run. A watchdog writes whatever was measured and "
-             "ends the process 12 s after the deadline, should an estimate be wrong. A failure in one stage is "
-             "recorded and the others still run. `--stages AC` runs some stages only. The results go to "
-             "`benchmarks/results/gpu_check_<device>.json` and `.md`, and this page is rewritten from the JSON "
-             "(a `--dry` run writes its page beside its JSON instead).", "",
+             "ends the process 12 s after the deadline, should an estimate be wrong; the JSON, its Markdown and "
+             "this page are also written after every stage and every plugin of D, so a run cut short from outside "
+             "leaves what it finished. A failure in one stage is recorded and the others still run. `--stages AC` "
+             "runs some stages only. The results go to `benchmarks/results/gpu_check_<device>.json` and `.md`, and "
+             "this page is rewritten from the JSON (a `--dry` run writes its page beside its JSON instead).", "",
+             d_estimate(), "",
              "| stage | nominal budget | what it measures |", "|---|---:|---|"]
+
     from benchmarks.gpu_check.run import NOMINAL_S
 
     lines += [f"| {letter}. {title} | {NOMINAL_S[letter]:.0f} s | {text} |" for letter, title, text in STAGES]
