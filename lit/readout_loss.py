@@ -12,6 +12,9 @@ more in backward (2 x tokens x d_model x vocab FLOPs, a third more than the head
 The same math as the whole-logits loss, with the sum taken in another order: equal to float rounding (tested).
 A micro-batch that fits one chunk takes exactly the whole-logits path, so it is bit-identical to it. The
 readout must act on each token's logits alone (every built-in logits site does: a scale or a cap per entry).
+A logit soft-cap at the readout's end is applied inside each chunk's cross-entropy instead
+(``arch_plugins/stabilisers/softcapped_cross_entropy.py``, Liger-Kernel's fused linear cross-entropy's softcap):
+the recomputed chunk then keeps its logits in their own dtype for backward, and no fp32 copy.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from arch_plugins.stabilisers.logit_softcap import deferred_softcap
+from arch_plugins.stabilisers.softcapped_cross_entropy import softcapped_cross_entropy_sums
 from arch_plugins.stabilisers.z_loss import z_loss
 
 IGNORE_INDEX = -100  # F.cross_entropy's default: such targets count in neither the sum nor the mean
@@ -33,7 +38,17 @@ def chunk_tokens(vocab_size: int, chunk_mib: float) -> int | None:
 
 
 def _chunk_sums(readout, hidden: torch.Tensor, targets: torch.Tensor, with_z: bool):
-    logits = readout(hidden)
+    # A readout that ends with a logit soft-cap hands it over: the cap runs inside the cross-entropy's own autograd
+    # node, which keeps this chunk's logits in their dtype and no fp32 copy (tanh's output, the log-softmax, the
+    # z-loss's logsumexp input each were one). Entered here, inside the checkpointed function, so that the
+    # recomputation in backward defers it too.
+    with deferred_softcap() as caps:
+        logits = readout(hidden)
+    if len(caps) > 1:
+        raise ValueError(f"the readout applies {len(caps)} logit soft-caps; a model has at most one (its logits site)")
+    if caps:
+        cross_entropy, z = softcapped_cross_entropy_sums(logits, targets, caps[0], IGNORE_INDEX)
+        return cross_entropy, (z if with_z else cross_entropy.new_zeros(()))
     cross_entropy = F.cross_entropy(logits.float(), targets, reduction="sum", ignore_index=IGNORE_INDEX)
     z = torch.logsumexp(logits.float(), dim=-1).square().sum() if with_z else cross_entropy.new_zeros(())
     return cross_entropy, z
