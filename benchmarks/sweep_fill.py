@@ -16,7 +16,7 @@ Busy share: the GPUs' ``utilization.gpu`` as ``nvidia-smi`` reports it (the shar
 kernel ran), sampled every 500 ms over the sweep and averaged over the samples and the GPUs; and the CPUs' busy
 share from ``/proc/stat`` over the same time (the whole machine's, whoever loads it).
 
-    python -m benchmarks.sweep_fill                  # on a GPU machine: about 4 minutes of one H200 (estimated)
+    python -m benchmarks.sweep_fill                  # on a GPU machine: at most about 4 minutes (--budget_s)
     python -m benchmarks.sweep_fill --dry            # on CPU: 2 variants x 2 seeds, a tiny model, 2 layouts
 
 ``--dry`` lays out a genuinely smaller study on CPU, one run at a time and 2 slots, and checks that the layout did
@@ -44,6 +44,7 @@ PAGE = REPO / "docs" / "performance" / "sweep-fill.md"
 RECIPE = "recipes/gpt_baseline.yaml"
 VARIANTS = "model.arch.norm=rmsnorm,layernorm"
 SAMPLE_S = 0.5
+GPU_BUDGET_S = 240.0  # about 4 minutes of a lent GPU, all layouts together
 EAGER = "--model.compile=false"
 GRAPHS = "--model.compile=reduce-overhead"
 # A genuinely smaller study for CPU: a 2-layer model at d 32 trains 20 steps of 8 x 32 tokens.
@@ -101,7 +102,7 @@ class BusySampler:
         self._smi = None
         if gpus:
             self._smi = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
-                                          f"-lms={int(SAMPLE_S * 1000)}"], stdout=subprocess.PIPE, text=True)
+                                          f"--loop-ms={int(SAMPLE_S * 1000)}"], stdout=subprocess.PIPE, text=True)
             self._reader = threading.Thread(target=self._read, daemon=True)
             self._reader.start()
         self._cpu_start = _cpu_times()
@@ -157,7 +158,12 @@ def run_layout(layout: Layout, seeds: int, budget: tuple[str, ...], where: Path,
         try:
             stdout, stderr = sweep.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(sweep.pid, signal.SIGKILL)  # its own session: the sweep and its workers, nothing else
+            stdout, stderr = "", ""
+        try:  # its own session: the sweep and any worker it left, nothing else
+            os.killpg(sweep.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if sweep.returncode is None:
             stdout, stderr = sweep.communicate()
         timed_out = True
     wall = time.perf_counter() - start
@@ -168,7 +174,8 @@ def run_layout(layout: Layout, seeds: int, budget: tuple[str, ...], where: Path,
     placed = next((line.removeprefix("placement: ") for line in stdout.splitlines()
                    if line.startswith("placement: ")), "?")
     return {"layout": layout.name, "what": layout.what, "eager": layout.eager, "wall_s": wall, "placement": placed,
-            "timed_out": timed_out, **busy, "losses": seed_losses(store)}
+            "timed_out": timed_out, **busy,
+            "losses": seed_losses(store) if (where / "store.db").exists() else {}}  # stopped before its store
 
 
 def seed_losses(store: str) -> dict[str, float | None]:
@@ -177,6 +184,8 @@ def seed_losses(store: str) -> dict[str, float | None]:
 
     client = mlflow.MlflowClient(store)
     experiment = client.get_experiment_by_name("sweep-fill")
+    if experiment is None:  # a sweep stopped before it made its experiment
+        return {}
     runs = client.search_runs([experiment.experiment_id], "tags.`arch_lab.sweep.role` = 'child'", max_results=1000)
     found = {}
     for run in runs:
@@ -271,9 +280,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, default=None, help="seeds per variant (default 8; 2 with --dry)")
     parser.add_argument("--runs_per_gpu", type=int, default=4, help="M in layouts (c) and (d)")
     parser.add_argument("--out", type=Path, default=PAGE, help="the page whose section this run rewrites")
-    parser.add_argument("--layout_timeout_s", type=float, default=None,
-                        help="stop a layout's sweep after this long and report what it finished (default: none; "
-                             "on a GPU 150)")
+    parser.add_argument("--budget_s", type=float, default=None,
+                        help="the whole benchmark's time, split evenly between the layouts: a layout's sweep is "
+                             f"stopped at its share and reports the runs it finished (default {GPU_BUDGET_S:.0f} on "
+                             "a GPU, none with --dry)")
     args = parser.parse_args(argv)
     gpus = 0 if args.dry else gpu_count()
     if not args.dry and not gpus:
@@ -285,7 +295,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = []
     with tempfile.TemporaryDirectory(prefix="sweep-fill-") as tmp:
         for layout in layouts:
-            timeout = args.layout_timeout_s or (None if args.dry else 150.0)
+            budget_s = args.budget_s or (None if args.dry else GPU_BUDGET_S)
+            timeout = budget_s / len(layouts) if budget_s else None
             results.append(run_layout(layout, seeds, budget, Path(tmp) / re.sub(r"\W", "_", layout.name), gpus,
                                       timeout))
             r = results[-1]

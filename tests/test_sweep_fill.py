@@ -3,6 +3,8 @@ that lays the same small study out one run at a time and in 2 slots and finds ev
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from benchmarks import sweep_fill
@@ -47,6 +49,15 @@ def test_a_stopped_layout_says_how_far_it_got():
     stopped = {"norm=layernorm seed 1337": 2.0, "norm=rmsnorm seed 1337": None}
     text = sweep_fill.render([result("a", SAME), result("c", stopped, timed_out=True)], 1, (), "1 x H200")
     assert "(stopped: 1 of 2 runs done)" in text and "| norm=rmsnorm seed 1337 | 2.5 | not run |" in text
+
+
+def test_a_layout_past_its_share_of_the_budget_is_stopped_and_says_so(tmp_path):
+    started = time.perf_counter()
+    r = sweep_fill.run_layout(sweep_fill.DRY_LAYOUTS[0], 2, sweep_fill.DRY_BUDGET, tmp_path / "a", gpus=0,
+                              timeout_s=2)
+    assert r["timed_out"] and r["losses"] == {} and time.perf_counter() - started < 30
+    text = sweep_fill.render([r], 2, sweep_fill.DRY_BUDGET, "2 cores")
+    assert "(stopped: 0 of 4 runs done)" in text
 
 
 @pytest.mark.slow  # two sweeps of 4 runs each: about a minute alone, several on 2 loaded cores
