@@ -95,22 +95,82 @@ for kind, name, options in (("norm", "hypersphere", {}), ("residual", "ngpt", {}
 @pytest.mark.slow
 def test_benchmark_runs_end_to_end_in_its_dry_mode():
     pytest.importorskip("triton")
-    out = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--dry", "--no_compile"], capture_output=True,
-                         text=True, cwd=REPO, timeout=900, env=subprocess_env())
+    out = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--dry", "--no_compile", "--goals"],
+                         capture_output=True, text=True, cwd=REPO, timeout=900, env=subprocess_env())
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    for line in ("| ngpt_stream_update |", "| ngpt/kernels |", "| pattention_ffn/kernels |",
-                 "ngpt_vs_gpt_step (kernels)", "pattention_vs_mlp_step (kernels)", "Dry run"):
+    for line in ("| ngpt_stream_update |", "| sinkhorn_knopp |", "| depth_softmax |", "| ngpt/kernels |",
+                 "| mhc/kernels |", "| attnres/kernels |", "| pattention_ffn/kernels |", "ngpt_vs_gpt_step (kernels)",
+                 "pattention_vs_mlp_step (kernels)", "## Verdict", "Dry run"):
         assert line in out.stdout, line
 
 
-def test_benchmark_on_cpu_without_dry_says_it_needs_a_gpu():
+@pytest.mark.slow  # ~50 s on 2 busy cores: two interpreter start-ups, Lightning's import, one tiny model
+def test_benchmark_dry_run_of_one_op_reports_its_device_time_step_and_verdict_rows():
+    pytest.importorskip("triton")
+    out = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--dry", "--no_compile", "--ops",
+                          "depth_softmax", "--models", "attnres"], capture_output=True, text=True, cwd=REPO,
+                         timeout=600, env=subprocess_env())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert "Clock: host time (dry run)." in lines  # on CPU: no device clock, and it says so
+    op_rows = [line for line in lines if line.startswith("| depth_softmax |")]
+    assert len(op_rows) == 2  # the timing row and the verdict row; no other op was asked for
+    assert not any(line.startswith("| sinkhorn_knopp |") for line in lines)
+    assert any(line.startswith("| attnres/eager | ") for line in lines)
+    assert any(line.startswith("| attnres/kernels | ") for line in lines)
+    assert op_rows[1] == "| depth_softmax | n/a | attnres | n/a | (dry run) |"  # no compile: no verdict
+
+
+def test_benchmark_on_cpu_without_dry_says_it_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     from benchmarks import kernels
 
-    with pytest.raises(SystemExit) as info:
-        kernels.main([])
-    assert info.value.code == 2
+    assert kernels.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: benchmarks/kernels.py measures Triton kernels on a CUDA GPU") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ops", "row_l2_normalize,sinkhorn"], "error: argument --ops: --ops takes a comma-separated list of "
+                                             "row_l2_normalize, qk_normalize"),
+    (["--models", "gpt"], "error: argument --models: --models takes a comma-separated list of ngpt, tokenformer, "
+                          "mhc, attnres; got 'gpt'"),
+    (["--depth_sources", "0"], "error: --depth_sources must be at least 1, got 0"),
+])
+def test_benchmark_refuses_bad_options_in_one_line_before_any_work(argv, message, capsys, monkeypatch):
+    from benchmarks import kernels
+
+    def no_restart(*args):  # past its checks, a dry run on CPU starts over in the interpreter: not in this process
+        raise AssertionError(f"the options were accepted: {argv}")
+
+    monkeypatch.setattr(kernels.os, "execve", no_restart)
+    assert kernels.main(["--dry", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_the_verdict_rule():
+    """keep only at >= 1.05x against compiled torch on device time, and a compiled step no slower with the kernel.
+    (The inputs are made up: this checks the rule, not a measurement.)"""
+    from benchmarks.kernels import verdicts
+
+    def row(op, vs_compile):
+        return {"op": op, **({} if vs_compile is None else {"speedup_vs_compile": vs_compile})}
+
+    steps = {"mhc/compile": {"median_s": 0.100}, "mhc/kernels+compile": {"median_s": 0.095},
+             "ngpt/compile": {"median_s": 0.100}, "ngpt/kernels+compile": {"median_s": 0.104},
+             "attnres/compile": {"skipped": "over the time budget (--budget_s)"}}
+    got = verdicts([row("sinkhorn_knopp", 1.30), row("row_l2_normalize", 1.20), row("qk_normalize", 1.04),
+                    row("depth_softmax", 1.05), row("pattention_theta", None)], steps, 1.05)
+    assert {op: v["verdict"] for op, v in got.items()} == {
+        "sinkhorn_knopp": "keep",  # faster alone and in its step
+        "row_l2_normalize": "remove",  # faster alone, but the compiled nGPT step is slower with the kernels
+        "qk_normalize": "remove",  # under 1.05x alone
+        "depth_softmax": "keep",  # at 1.05x; its step was not measured (over the budget), which the row says
+        "pattention_theta": "not measured"}  # no compiled torch path (--no_compile)
+    assert got["sinkhorn_knopp"]["step_speedup_vs_compile"] == pytest.approx(0.100 / 0.095)
+    assert got["depth_softmax"]["step_speedup_vs_compile"] is None
 
 
 # --- on a GPU: compiled, at real shapes (d 1024, 512 tokens x 4, TokenFormer's FFN n = 4096) ------------------
