@@ -194,8 +194,10 @@ def claim(client, experiment_id: str, manifest: dict, child: Child, tune_value: 
 
 def _fit_and_test(manifest: dict, args: list[str], client, run_id: str, test: bool) -> int:
     from lit.cli import main as cli_main
+    from lit.sweep import compile_cache
     from lit.sweep.ranks import other_ranks_run
 
+    compile_cache.use(Path(manifest["save_dir"]).parent)  # the sweep's folder: its children share compiled graphs
     proto = manifest["protocol"]
     report = proto.get("report_metric") or proto["metric"]
     tested = test and report.startswith("test/")
