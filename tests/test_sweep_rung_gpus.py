@@ -161,3 +161,21 @@ def test_each_child_runs_on_a_slot_of_its_rungs_size_side_by_side(tmp_path):
     assert all(rows[f"rung{r}|v|seed|{i}"][1] == "GPU-e" for r in (0, 1) for i in range(2))
     assert rows["rung2|v|seed|0"][0] < rows["rung0|v|seed|1"][0]  # the top rung did not wait for the small ones
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_a_top_rung_child_is_told_its_four_gpus_and_its_share_of_the_batch():
+    """What the child's trainer reads: the placement's count for every run first, then the rung's, which wins."""
+    from lit.sweep.child import fit_args
+    from lit.sweep.grid import option_value
+
+    proto, children, fit = plan_ladder("--ladder", TOP_ON_FOUR, "--tokens_per_param", "20")
+    layout = placement.plan("auto", None, None, fit, gpus=EIGHT, cpus=16, rung_gpus=ladder.rung_gpus(proto["ladder"]))
+    manifest = {"protocol": proto, "parent_run_id": "p", "recipe": proto["recipe"], "fit_args": fit,
+                "experiment": "e", "tracking_uri": "sqlite:///x.db", "save_dir": "runs",
+                "placement": layout.trainer_args(fit)}
+    top = fit_args(manifest, next(c for c in children if c.rung == 2), None)
+    small = fit_args(manifest, next(c for c in children if c.rung == 0), None)
+    assert option_value(top, "trainer.devices") == "4" and option_value(small, "trainer.devices") == "1"
+    assert option_value(top, "trainer.accelerator") == option_value(small, "trainer.accelerator") == "gpu"
+    assert option_value(top, "data.init_args.batch_size") == "8" and option_value(small, "data.init_args.batch_size") \
+        is None
