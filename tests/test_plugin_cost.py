@@ -57,7 +57,7 @@ CEILINGS = {
     "parametrization=mup": (1.02, 1.02, 1.02),
     "parametrization=mup_wd": (1.02, 1.02, 1.02),
     "optimizer=muon": (1.28, 1.02, 30.35),
-    "clipped softmax": (1.26, 1.08, 1.02),
+    "clipped softmax": (1.25, 1.04, 1.02),
     "qk_norm + logit soft-cap": (1.35, 1.24, 1.02),
     "gated attention": (1.29, 1.07, 1.02),
     "recipe=gpt_ngpt": (1.8, 1.6, 6.12),

@@ -10,8 +10,21 @@ The reference's OPT runs set gamma from ``alpha`` and the sequence length, ``gam
 (``transformers_language/models/opt_attention.py:67-72``; ``scripts/opt_125m_clipped_softmax.sh``: alpha 12 at
 T = block size 512, so gamma = -0.0234). This module takes gamma and zeta as numbers; a recipe writes the T it
 trains at into gamma.
-Computed in float32, as the reference upcasts fp16 logits before its softmax (the ``softmax_fn`` call in
-``OPTAttentionWithExtras.forward``).
+Computed in the scores' dtype, the compute dtype (bf16 under autocast; the block's explicit attention no longer
+upcasts its (B, H, T, S) scores), with the softmax's sums accumulated in fp32 inside its kernel: the review's interim
+change (``../shared/specs/gpu-plugins.md`` §2.6), which halves the T² bytes, and which ``--model.compile`` fuses
+into one pass. The reference upcasts fp16 logits before its softmax (the ``softmax_fn`` call in
+``OPTAttentionWithExtras.forward``); bf16 has fp32's range, so only the rounding of the weights differs (to bf16's,
+as the old path's cast of the weights to bf16 before ``@ v`` already did). In fp32 nothing changed.
+
+Not on a fused attention kernel. The exact two-pass flash form (§2.6: pass 1 an ordinary FlexAttention forward
+returning the log-normaliser L, pass 2 FlexAttention with ``score_mod`` s -> log clamp((zeta - gamma) exp(s - L) +
+gamma, 0, 1), then o = exp(L_2) out_2, o = 0 where every weight clips) computes the clipped attention's forward on
+torch 2.14.1's CPU FlexAttention to 5e-7 in fp32, dead rows included (L_2 = -inf, out_2 = 0). But that FlexAttention
+refuses any input that requires a gradient on a CPU ("FlexAttention does not support backward on CPU", its
+``_validate_device``), so neither the training path nor its gradient through the captured L (pytorch#133159,
+#137452) can be run or tested without a GPU; the form is left for a session with a GPU lent, with the materialised
+path below kept as its reference.
 """
 
 from __future__ import annotations
@@ -35,7 +48,10 @@ class ClippedSoftmax(nn.Module):
         self.gamma, self.zeta = float(gamma), float(zeta)
 
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        stretched = torch.softmax(scores.float(), dim=-1) * (self.zeta - self.gamma) + self.gamma
+        # dtype=scores.dtype: the softmax accumulates in fp32 inside its kernel and writes the scores' dtype. Without
+        # it CUDA's autocast would run the softmax in fp32 (it is on autocast's fp32 list) and every (B, H, T, S)
+        # tensor after it, and what backward keeps of them, would be fp32 again.
+        stretched = torch.softmax(scores, dim=-1, dtype=scores.dtype) * (self.zeta - self.gamma) + self.gamma
         return stretched.clamp(0.0, 1.0)
 
     def extra_repr(self) -> str:

@@ -220,7 +220,10 @@ class Attention(nn.Module):
         """Attention with the weights made by ``self.probs`` instead of the softmax (which SDPA fuses away);
         ``mask`` (True: seen) replaces the causal triangle where a KV cache gives one."""
         scale = self.scale if self.scale is not None else q.shape[-1] ** -0.5
-        scores = (q @ k.transpose(-1, -2)).float() * scale
+        # In the compute dtype (bf16 under autocast), not fp32: the (B, H, T, S) scores, weights and what backward
+        # keeps of them are half the bytes, and the product q kᵀ is already rounded to that dtype. ``probs``
+        # normalises with fp32 accumulation inside its kernel (ClippedSoftmax).
+        scores = (q @ k.transpose(-1, -2)) * scale
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         elif self.causal:
