@@ -106,8 +106,8 @@ class DeviceClock:
     On a GPU, ``triton.testing.do_bench_cudagraph``: the calls are captured into one CUDA graph and replayed, so
     the figure is the kernels' durations and the gaps between them on the device, with no Python dispatch or
     launch cost (what a step pays under CUDA graphs, and the floor of what it pays otherwise). The replays run back
-    to back, without an L2 flush: inputs of 16 MB and more mostly come from memory on an H100/H200 (50-60 MB of L2),
-    smaller ones partly from L2. Where capture fails (a path that syncs or allocates on the host), the profiler's
+    to back, without an L2 flush (50 MB of L2 on an H100/H200): a call that touches more reads mostly from memory,
+    a smaller one partly from L2, on every path alike. Where capture fails (a path that syncs or allocates on the host), the profiler's
     kernel durations are summed instead, over ``reps`` calls each after an L2 flush, less the flushes' own time
     measured alone; ``method`` says which. On CPU (``--dry``) it is host time, and means nothing.
     """

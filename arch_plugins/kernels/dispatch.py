@@ -7,8 +7,8 @@ The rule, in one place:
   tensors (checked at the first forward), or Triton's interpreter (``TRITON_INTERPRET=1``: for tests, on CPU,
   about 1000x slower).
 - ``auto`` (the default): the Triton kernel only on a CUDA device on which it was measured faster than torch by
-  at least ``AUTO_MIN_SPEEDUP`` (``arch_plugins.kernels.measured``); torch everywhere else. The table is empty
-  until a GPU measurement fills it, so ``auto`` is torch today.
+  at least ``AUTO_MIN_SPEEDUP`` (``arch_plugins.kernels.measured``); torch everywhere else. No op in the table
+  reaches that yet, so ``auto`` is torch today.
 
 Each op is a ``torch.library.custom_op`` (``arch_plugins::<op>``, with a fake for shapes and an autograd
 formula that calls a backward custom op): torch.compile keeps it as one opaque node, so ``kernel: triton`` breaks
