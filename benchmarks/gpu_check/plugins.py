@@ -16,8 +16,10 @@ round gives one ratio, so drift cancels (``ratios``: the median, a t interval, t
 per window and rounds come from ``budget.plan_pairings``: at least 10 steps and 5 rounds where a ratio is under
 1.5x, 3 rounds elsewhere, or what the stage's time allows, printed with what it cut. Per row also the FLOPs per
 token over the baseline's (``lit.compute``, the model's FLOPs: an optimizer's are not counted) and the peak memory
-over the baseline's. Muon's AdamW half is fused where the baseline's AdamW is, so its row compares optimizers, not
-AdamW implementations. Two baselines (eager and compiled) and one variant are alive at a time.
+over the baseline's. Where a compiled target is missed, a short profile names the kernels the variant spends the
+most device time on beyond the baseline's (``costliest_ops``). Muon's AdamW half is fused where the baseline's
+AdamW is, so its row compares optimizers, not AdamW implementations. Two baselines (eager and compiled) and one
+variant are alive at a time.
 
 Then the optimizer step alone, Muon against AdamW: host wall time and device time.
 """
@@ -30,7 +32,7 @@ import time
 import torch
 
 from arch_plugins import registry
-from benchmarks.gpu_check import measure, ratios
+from benchmarks.gpu_check import costliest_ops, measure, ratios
 from benchmarks.gpu_check.budget import CLOSE_RATIO, SKIPPED, PairingCosts, PairingPlan, plan_pairings, replan
 from benchmarks.gpu_check.models import Shape, build_ours, fixed_batch, is_fused, loss_of, training_step
 from lit.compute import gpt_flops_per_token
@@ -50,6 +52,7 @@ DRY_EAGER = ("norm=dyt", "residual=laurel_rw", "projection=pattention", "paramet
 DRY_COMPILED = ("norm=dyt", "optimizer=muon")
 EVERY_VARIANT_IN_DRY = False
 NOT_IN_DRY = {"status": "not run in --dry (a sample is)"}
+PROFILE_STEPS = 2  # steps profiled of a variant whose compiled target is missed (and of the baseline, once)
 # Columns every measured row has (values may be None where a CPU cannot measure them: memory, host-bound).
 COLUMNS = ("step_ratio", "ratio_ci", "rounds", "steps_per_window", "target", "verdict", "flops_ratio",
            "peak_allocated_gib", "memory_ratio", "host_issue_s", "device_step_s", "host_bound", "first_step_s")
@@ -203,6 +206,16 @@ def relative(row: dict, key: str, base_value, ratio_key: str) -> None:
     row[ratio_key] = value / base_value if value is not None and base_value else None
 
 
+def where_it_goes(base: dict, step, device) -> list | str:
+    """The ops a missed compiled target's step spends the most on beyond the compiled baseline's (profiled once)."""
+    try:
+        if "ops" not in base:
+            base["ops"] = costliest_ops.ms_per_op(base["step"], device, PROFILE_STEPS)
+        return costliest_ops.extra(costliest_ops.ms_per_op(step, device, PROFILE_STEPS), base["ops"])
+    except Exception as exc:  # a profiler failure costs the row its explanation, never its figures
+        return f"not profiled: {measure.error_text(exc).splitlines()[0]}"
+
+
 def measure_variant(label: str, spec: dict, s: Shape, device, x, y, baselines: dict, plan: PairingPlan, clock,
                     modes: tuple[str, ...]) -> dict[str, dict]:
     """The variant's rows in ``modes`` (eager, compiled), one model: built, paired eager, compiled, paired again."""
@@ -220,6 +233,9 @@ def measure_variant(label: str, spec: dict, s: Shape, device, x, y, baselines: d
             row["adamw_fused"] = is_fused(built.opt)
             relative(row, "flops_per_token", baselines[mode]["flops_per_token"], "flops_ratio")
             relative(row, "peak_allocated_gib", baselines[mode]["peak_allocated_gib"], "memory_ratio")
+            if compiled and "MISSED" in row.get("verdict", "") and clock.fits(PROFILE_STEPS * 6 * (
+                    row["variant_step_s"] + row["baseline_step_s"]) + 1.0):
+                row["costliest_extra_ops"] = where_it_goes(baselines[mode], built.step, device)
             rows[mode] = row
             if not c.alive:
                 break

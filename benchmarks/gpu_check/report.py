@@ -35,7 +35,8 @@ STAGES = [
      "beside it (compiled at most 1.15x, hyper-connections 1.25x, mHC 1.35x, full AttnRes 1.3x; eager at most "
      "1.5x) and a missed target flagged, the FLOPs per token over the baseline's (`lit/compute.py`; an optimizer's "
      "FLOPs are not counted), the peak memory above what was resident (and over the baseline's), host issue time "
-     "against device time per step and whether the host is the bottleneck, the compile time and graphs. Fairness: "
+     "against device time per step and whether the host is the bottleneck, the compile time and graphs; where a "
+     "compiled target is missed, the kernels that cost it (a 2-step profile against the baseline's). Fairness: "
      "at least 10 steps per window, 5 rounds where a ratio is under 1.5x and 3 elsewhere, or what the budget allows "
      "(`budget.plan_pairings` prints and records what it cut, and re-plans as the variants' real cost shows); one "
      "untimed baseline step per pairing; Muon's AdamW half fused like the baseline's. Then the optimizer step "
@@ -235,6 +236,13 @@ def _plugins(d: dict) -> list[str]:
     for mode in ("compiled", "eager"):
         missed = [label for label, r in d.get(mode, {}).items() if "MISSED" in r.get("verdict", "")]
         lines += ["", f"Targets missed, {mode}: " + (", ".join(missed) if missed else "none")]
+    costs = {label: r["costliest_extra_ops"] for label, r in d.get("compiled", {}).items()
+             if r.get("costliest_extra_ops")}
+    if costs:
+        lines += ["", "Where the missed compiled targets go: the kernels each variant spends the most device time on "
+                      "per step beyond the compiled baseline's time on the same kernels (profiled, 2 steps):", ""]
+        lines += [f"- {label}: " + (ops if isinstance(ops, str) else "; ".join(
+            f"`{name[:90]}` +{ms:.2f} ms" for name, ms in ops)) for label, ops in costs.items()]
     opt = d.get("optimizer_step_alone")
     if isinstance(opt, dict) and opt and "status" not in opt:
         lines += ["", "Optimizer step alone, host wall ms (device ms): " + ", ".join(
