@@ -87,15 +87,18 @@ CAUSES = {
     "norm=un": "~30 small vector ops per site in a Python autograd.Function, at 25 sites (§2.5)",
     "norm=powernorm": "GroupScaling as 5 ops; ~25 forward, ~12 backward bookkeeping ops per site (§2.5)",
     "norm=prepbn": "RMSNorm and a hand-written two-pass BatchNorm at every site (§2.5)",
-    "clipped softmax": "off the fused attention kernel onto a materialised fp32 (B, H, T, T) path (§2.6)",
+    "clipped softmax": "off the fused attention kernel onto a materialised (B, H, T, T) path, now in the compute "
+                       "dtype (FlexAttention's two-pass form refuses backward on a CPU: not built) (§2.6)",
     "recipe=gpt_ngpt": "6-op l2_normalize chains, full-size scales, renormalisation after each step (§2.7)",
     "norm=hypersphere": "l2_normalize (now F.normalize) at 4 sites per layer and on q/k; full-size scales not "
                         "folded (§2.7)",
-    "projection=pattention": "Θ as norm, scale, GeLU in fp32; q, k, v as 3 Pattentions and a cat; +21% FLOPs (§2.8)",
-    "residual=laurel_rw_lr_pa": "zeros_like accumulator, 3 low-rank terms re-casting the stream, 6-op epilogue "
-                                "(§1)",
+    "projection=pattention": "now q|k|v in one key GEMM, a segmented Θ and one batched value GEMM; left: Θ's "
+                             "norm, scale and GeLU as eager ops in 4 Pattentions a layer; +21% FLOPs (§2.8)",
+    "residual=laurel_rw_lr_pa": "now one batched down GEMM, one up-GEMM and one epilogue; left: 8 parameters a "
+                                "layer (their casts, detaches and gradients) and the streams' bf16 casts (§2.11)",
     "norm=seednorm": "4 extra full-size passes per site around the fused RMSNorm (§1)",
-    "qk_norm + logit soft-cap": "soft-cap over the full fp32 logits; QK-norm casts (§1)",
+    "qk_norm + logit soft-cap": "this audit's whole-logits loss caps the full fp32 logits (a fit's chunked loss now "
+                                "caps inside its cross-entropy: memory.md); QK-norm casts (§2.10)",
     "norm=precrmsnorm": "CRMSNorm as 11 forward ops with a full cat copy (§1)",
     "norm=ssnorm": "hand-written RMSNorm (6 forward, ~10 backward ops) (§1)",
     "norm=perinorm": "25 extra RMSNorms on bf16 outputs with fp32 gains (§1)",
