@@ -140,6 +140,15 @@ def allocated(device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
+def flops_of(model: torch.nn.Module, s: Shape) -> tuple[float | None, str | None]:
+    """Training FLOPs per token, counted on the meta device (or fake tensors); a count that fails costs the row its
+    FLOP ratio, never its timings."""
+    try:
+        return gpt_flops_per_token(model, s.seq), None
+    except Exception as exc:
+        return None, measure.error_text(exc).splitlines()[0]
+
+
 class Built:
     """One variant's model, optimizer and step, with what was resident before it was built (its memory is what it
     allocates above that) and its FLOPs per token."""
@@ -151,7 +160,7 @@ class Built:
         self.opt = build_optimizer(self.model, spec["optimizer"], fused_like)
         self.step = training_step(self.model, self.model, self.opt, x, y, device,
                                   after_step=after_step_of(self.model))
-        self.flops_per_token = gpt_flops_per_token(self.model, s.seq)
+        self.flops_per_token, self.flops_error = flops_of(self.model, s)
         self.build_s = time.perf_counter() - t0
 
     def compile(self) -> None:
@@ -230,6 +239,8 @@ def measure_variant(label: str, spec: dict, s: Shape, device, x, y, baselines: d
             c = measure.Contender(label, built.step, s.tokens)
             row = paired(baselines[mode]["step"], c, device, plan, clock, built.resident, label, compiled)
             row["flops_per_token"] = built.flops_per_token
+            if built.flops_error:
+                row["flops_error"] = built.flops_error
             row["adamw_fused"] = is_fused(built.opt)
             relative(row, "flops_per_token", baselines[mode]["flops_per_token"], "flops_ratio")
             relative(row, "peak_allocated_gib", baselines[mode]["peak_allocated_gib"], "memory_ratio")
