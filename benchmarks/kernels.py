@@ -141,7 +141,9 @@ class DeviceClock:
                 for _ in range(self.reps):
                     call()
                 torch.cuda.synchronize()
-            totals.append(sum(e.self_device_time_total for e in prof.key_averages()) / 1e6)  # microseconds
+            # The GPU's own events (kernels, memsets), each its duration in microseconds.
+            totals.append(sum(e.device_time_total for e in prof.events()
+                              if e.device_type == torch.autograd.DeviceType.CUDA) / 1e6)
         per_call = max(totals[1] - totals[0], 0.0) / self.reps
         return {"median_s": per_call, "p20_s": per_call, "p80_s": per_call,
                 "method": "profiler kernel sum (one figure: no spread)"}
