@@ -23,7 +23,7 @@ What it measures, bf16 autocast, fp32 parameters and stream (Lightning's bf16-mi
 It writes benchmarks/results/kernels_<gpu>.json and prints the ``MEASURED_SPEEDUPS`` entry for
 arch_plugins/kernels/measured.py: per op, (faster of eager and compile) / kernel, forward+backward device time.
 
-    python -m benchmarks.kernels                       # on a CUDA GPU: the verdict run, about 90 s
+    python -m benchmarks.kernels                       # on a CUDA GPU: the verdict run, ~90 s (not yet timed)
     python -m benchmarks.kernels --goals --layers 12   # also eager steps and the goals' models
     python -m benchmarks.kernels --dry                 # anywhere: tiny shapes, every path once, no figures
                                                        # (on CPU: in Triton's interpreter, a few minutes,
@@ -494,8 +494,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--models", type=lambda v: _choices(v, tuple(MODEL_OPS), "--models"), default=list(MODEL_OPS),
                    help=f"the whole steps, comma-separated, of {', '.join(MODEL_OPS)} (default: all)")
     p.add_argument("--goals", action="store_true", help="also eager steps and issue 16's goals (GPT, dense MLP)")
-    p.add_argument("--budget_s", type=float, default=90.0,
-                   help="no new step contender is compiled after this many seconds (default 90)")
+    p.add_argument("--budget_s", type=float, default=60.0,
+                   help="no model's step is compiled after this many seconds (default 60, so that the run, its "
+                        "last compiles and the timed rounds end near 90 s)")
     p.add_argument("--no_compile", action="store_true", help="skip the torch.compile paths")
     p.add_argument("--dry", action="store_true", help="tiny shapes, every path once: checks that it runs")
     p.add_argument("--out", type=Path, default=None, help="where the JSON goes (default: benchmarks/results/)")
