@@ -87,6 +87,14 @@ def test_the_docs_estimate_is_the_plan_at_the_first_checks_figures():
     assert "cut:" in text
 
 
+def test_the_reviews_costliest_plugins_are_measured_first_and_all_exist():
+    labels = list(plugins.variants(plugins.shape(True)))
+    assert set(plugins.MEASURE_FIRST) <= set(labels)  # a renamed plugin would silently move to the end
+    order = sorted(labels, key=plugins.first_measured)
+    assert order[:3] == ["residual=mhc", "residual=attnres", "residual=hyperconn"]
+    assert order[len(plugins.MEASURE_FIRST):] == [x for x in labels if x not in plugins.MEASURE_FIRST]
+
+
 def test_muons_adamw_half_is_fused_like_the_baseline_and_steps_as_foreach_does():
     s = Shape(32, 2, 2, 16, 64, 2)
     x = torch.randint(0, 64, (2, 16))

@@ -52,6 +52,15 @@ DRY_EAGER = ("norm=dyt", "residual=laurel_rw", "projection=pattention", "paramet
 DRY_COMPILED = ("norm=dyt", "optimizer=muon")
 EVERY_VARIANT_IN_DRY = False
 NOT_IN_DRY = {"status": "not run in --dry (a sample is)"}
+NOT_REACHED = {"status": "not reached (the run ended first)"}
+# The order D measures in: the review's plugins by their first eager excess on the H200, largest first (what a short
+# budget should reach first, and the costliest early, so that the re-plan learns their cost), then the rest in the
+# registry's order.
+MEASURE_FIRST = ("residual=mhc", "residual=attnres", "residual=hyperconn", "clipped softmax", "optimizer=muon",
+                 "residual=attnres_block", "residual=hyperconn_static", "norm=un", "recipe=gpt_ngpt",
+                 "projection=pattention", "norm=hypersphere", "norm=powernorm", "norm=prepbn",
+                 "residual=laurel_rw_lr_pa", "norm=seednorm", "qk_norm + logit soft-cap", "norm=precrmsnorm",
+                 "norm=ssnorm", "norm=perinorm", "norm=3pt")
 PROFILE_STEPS = 2  # steps profiled of a variant whose compiled target is missed (and of the baseline, once)
 # Columns every measured row has (values may be None where a CPU cannot measure them: memory, host-bound).
 COLUMNS = ("step_ratio", "ratio_ci", "rounds", "steps_per_window", "target", "verdict", "flops_ratio",
@@ -91,6 +100,11 @@ def variants(s: Shape) -> dict[str, dict]:
         out[label] = {"arch": fields, "optimizer": "adamw"}
     out["recipe=gpt_ngpt"] = {"arch": ngpt_recipe(s), "optimizer": "adamw"}
     return out
+
+
+def first_measured(label: str) -> int:
+    """Sort key: MEASURE_FIRST's order, then every other label after them (a stable sort keeps theirs)."""
+    return MEASURE_FIRST.index(label) if label in MEASURE_FIRST else len(MEASURE_FIRST)
 
 
 def dry_sample(labels, wanted: tuple[str, ...]) -> set[str]:
@@ -345,6 +359,7 @@ def measure_all(ctx, clock, out: dict, s: Shape, warmup: int) -> None:
         row, c = baseline(s, device, x, y, warmup, compiled=mode == "compiled")
         out["baseline"][mode] = row
         if not c.alive:
+            out["plan"] = {"text": f"nothing measured: the {mode} baseline failed"}
             return
         baselines[mode] = dict(row, step=c.step)
     todo = variants(s)
@@ -361,8 +376,12 @@ def measure_all(ctx, clock, out: dict, s: Shape, warmup: int) -> None:
     plan = plan_pairings(max(0.0, clock.left() - reserve), len(measured), costs, warmup=warmup, dry=dry)
     out["plan"] = dict(vars(plan), text=plan.describe(), costs=vars(costs))
     print(f"[D] plan: {plan.describe()}", flush=True)
+    for label, spec in todo.items():  # the table keeps the registry's order whatever order D measures in
+        placeholder = spec if "status" in spec else (NOT_REACHED if label in measured else NOT_IN_DRY)
+        out["eager"][label], out["compiled"][label] = dict(placeholder), dict(placeholder)
     spent, done = 0.0, 0
-    for label, spec in todo.items():
+    for label in sorted(measured, key=first_measured):
+        spec = todo[label]
         if done and not dry:  # the estimates were guesses: what the variants so far took re-sizes the rest
             new, scaled = replan(plan, costs, spent / done, max(0.0, clock.left() - reserve), len(measured) - done)
             if (new.steps, new.rounds, new.close_rounds) != (plan.steps, plan.rounds, plan.close_rounds):
@@ -370,13 +389,11 @@ def measure_all(ctx, clock, out: dict, s: Shape, warmup: int) -> None:
                       flush=True)
                 out["plan"].setdefault("replans", []).append({"after": done, "text": new.describe()})
                 plan, costs = new, scaled
-        if "status" in spec or label not in measured:
-            out["eager"][label] = out["compiled"][label] = spec if "status" in spec else dict(NOT_IN_DRY)
-            continue
         modes = ("eager", "compiled") if not dry or EVERY_VARIANT_IN_DRY or label in compiled_sample else ("eager",)
         estimate = costs.variant_s(plan.steps, plan.rounds, plan.rounds, warmup) * (len(modes) / 2)
         if not clock.fits(estimate):
-            out["eager"][label] = out["compiled"][label] = {"status": SKIPPED, "estimate_s": estimate}
+            out["eager"][label], out["compiled"][label] = ({"status": SKIPPED, "estimate_s": estimate}
+                                                           for _ in range(2))
             continue
         t0 = time.perf_counter()
         rows = measure_variant(label, spec, s, device, x, y, baselines, plan, clock, modes)

@@ -38,7 +38,8 @@ STAGES = [
      "against device time per step and whether the host is the bottleneck, the compile time and graphs; where a "
      "compiled target is missed, the kernels that cost it (a 2-step profile against the baseline's). Fairness: "
      "at least 10 steps per window, 5 rounds where a ratio is under 1.5x and 3 elsewhere, or what the budget allows "
-     "(`budget.plan_pairings` prints and records what it cut, and re-plans as the variants' real cost shows); one "
+     "(`budget.plan_pairings` prints and records what it cut, and re-plans as the variants' real cost shows), the "
+     "review's costliest plugins measured first so that a short budget reaches them; one "
      "untimed baseline step per pairing; Muon's AdamW half fused like the baseline's. Then the optimizer step "
      "alone, Muon against AdamW, host wall and device time."),
     ("E", "Triton kernels", "`benchmarks.kernels.measure_ops`: each fused op's forward and forward+backward for "
