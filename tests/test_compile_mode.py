@@ -202,3 +202,18 @@ def test_training_batches_keep_one_shape(workdir):
 def test_parse_rejects_other_types():
     with pytest.raises(UserInputError):
         parse(1)
+
+
+def test_the_graph_path_reads_nothing_from_the_device_on_a_step_that_logs_nothing(workdir_with_store, monkeypatch):
+    """The sync counter (tests/sync_counter.py) over a real fit on the CUDA-graph path's host side: torch.compile
+    recorded (it runs eagerly), so every step is counted; inside a graph nothing can read the host (a read would break
+    the one graph, ``fullgraph=True``)."""
+    import json
+
+    from tests.test_syncs import assert_quiet_between_logs, fit_args
+
+    calls, marks, _ = record_compiles(monkeypatch)
+    out = workdir_with_store / "syncs.json"
+    main(fit_args(out, "--model.compile=reduce-overhead"))
+    assert_quiet_between_logs(json.loads(out.read_text()))
+    assert (GRAPHS, True) in calls and (None, False) in calls and len(marks) == calls.count((GRAPHS, True))
