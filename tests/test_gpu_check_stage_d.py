@@ -175,3 +175,26 @@ def test_every_registered_plugin_gets_both_rows_and_every_column(monkeypatch):
             assert set(plugins.COLUMNS) <= set(row), (mode, label, sorted(set(plugins.COLUMNS) - set(row)))
             assert row["step_ratio"] > 0 and row["flops_ratio"] > 0 and row["rounds"] >= 2
     assert out["compiled"]["projection=pattention"]["flops_ratio"] > 1.0  # its key tokens cost FLOPs
+
+
+@pytest.mark.slow
+def test_a_budget_too_short_for_the_registry_cuts_says_so_and_skips_the_rest(monkeypatch):
+    """Stage D as a GPU runs it (the plan's real levels, the re-plan), at the dry shape on a CPU with 90 s: ~2
+    minutes on 2 cores."""
+    from types import SimpleNamespace
+
+    from benchmarks.gpu_check import measure
+
+    monkeypatch.setattr(plugins, "shape", lambda dry: Shape(48, 2, 3, 16, 64, 2))
+    ctx = SimpleNamespace(device=torch.device("cpu"), dry=False, save=lambda: None)
+    clock = Budget(90, {"D": 1}).open("D")
+    out: dict = {}
+    with measure.compile_backend("eager"):
+        plugins.run(ctx, clock, out)
+    assert out["plan"]["cuts"] and "skipped" in out["plan"]["text"]
+    statuses = [row["status"] for mode in ("eager", "compiled") for row in out[mode].values()]
+    assert "ran" in statuses and "skipped: budget" in statuses
+    assert set(statuses) <= {"ran", "skipped: budget"}
+    ran = [label for label, row in out["compiled"].items() if row["status"] == "ran"]
+    assert set(ran) == set(plugins.MEASURE_FIRST[:len(ran)])  # the review's costliest first
+    assert clock.left() > -60  # a variant started in time may finish late, but none starts past the deadline
