@@ -6,15 +6,19 @@
   launches more than its math on a GPU, replayed as recorded graphs. Validation, prediction and logging run outside
   the graphs (``lit/parallel.py``'s ``compile_model``). On a CPU Inductor captures nothing, so it is ``true`` there.
 - ``auto``: eager on a CPU, so a CPU run's numbers are those it had before ``auto`` existed and it pays no compile
-  (seconds per child: docs/performance/compile-cache.md); on CUDA, ``reduce-overhead`` for a one-process run of a
-  model under ``CUDA_GRAPH_MAX_PARAMETERS`` parameters, ``true`` otherwise. A model with a plugin that declared it cannot be
-  captured (``arch_plugins/graph_capture.py``) gets ``true`` instead, with one warning naming the plugin and why.
+  (minutes per child cold on a loaded 2-core CPU: docs/performance/compile-cache.md); on CUDA, ``reduce-overhead``
+  for a one-process run of a model under ``CUDA_GRAPH_MAX_PARAMETERS`` parameters, ``true`` otherwise.
+
+Where CUDA graphs were chosen (by ``auto`` or asked for) and cannot hold the step, the run compiles with ``true``
+and one warning says why: a plugin that declared it cannot be captured (``arch_plugins/graph_capture.py``), or
+gradient accumulation. A CPU run asked for ``reduce-overhead`` is ``true`` in effect (Inductor records no graph on
+a CPU), which lets a CPU test check everything of the graph path but the capture itself.
 
 The threshold is a judgement, not a measurement (no GPU was lent when it was set; docs/performance/compile-cache.md
 says what was and was not measured). The GPU check measured the baseline recipe's model at 8 layers (d 128, 1.7M
 parameters, 16 x 64 tokens) host-bound on an H200 (27 ms a step, docs/performance/gpu.md stage B), and GPT-2
-small's shape (162M parameters, untied) at 34% MFU compiled without graphs; 50M sits between, under every model of
-the reproduction and its ladders.
+small's shape (162M parameters, untied) at 34% MFU compiled without graphs; 50M sits between, above every model of
+the reproduction and of the CPU ladders.
 """
 
 from __future__ import annotations
