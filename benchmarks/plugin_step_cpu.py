@@ -153,10 +153,11 @@ def median_interval(values: list[float], level: float = INTERVAL_LEVEL) -> tuple
 def summarise(row: dict) -> dict:
     """A contender's rounds -> its median ratio, range, interval for the median, and median step seconds."""
     if row.get("status") == "failed" or not row.get("ratios"):
-        return row
+        return dict(row)
     ratios = row["ratios"]
     low, high, cover = median_interval(ratios)
-    return {**row, "status": "ran", "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+    # Copies of the per-round lists: a summary handed over after a round stays as it was when later rounds append.
+    return {**{key: list(values) for key, values in row.items()}, "status": "ran", "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
             "interval": [low, high], "coverage": cover, "step_s": statistics.median(row["seconds"]),
             "baseline_step_s": statistics.median(row["baseline_seconds"])}
 

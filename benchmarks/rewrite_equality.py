@@ -14,6 +14,8 @@ number for number.
     python -m benchmarks.rewrite_equality --json /tmp/after.json            # here (HEAD)
     (cd /tmp/before && python -m benchmarks.rewrite_equality --json /tmp/before.json)   # a copy in a worktree
     python -m benchmarks.rewrite_equality --compare /tmp/before.json /tmp/after.json    # the table
+    python -m benchmarks.rewrite_equality --nudge --json /tmp/nudged.json   # then --compare /tmp/after.json it:
+                                                                           # what rounding alone makes
 
 Like ``plugin_step_cpu`` it imports only what fe45656 (before the rewrites) already had, so a copy runs there.
 """
@@ -55,8 +57,19 @@ def batch(data: torch.Tensor, rows: int, seq: int, generator: torch.Generator) -
     return window[:, :-1], window[:, 1:]
 
 
-def train(spec: dict, seed: int, steps: int, data: torch.Tensor) -> dict:
-    """One seed's run: the training loss at every step and the final held-out loss."""
+def nudge_one_ulp_(model: torch.nn.Module, seed: int = 99) -> None:
+    """Move every weight by one ulp, up or down at random: a change of rounding and nothing else, to see how far
+    training carries it (the reference for differences between two commits that compute alike but round apart)."""
+    directions = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            sign = torch.randint(0, 2, p.shape, generator=directions).to(p.dtype) * 2 - 1
+            p.copy_(torch.nextafter(p, p + sign))
+
+
+def train(spec: dict, seed: int, steps: int, data: torch.Tensor, nudge: bool = False) -> dict:
+    """One seed's run: the training loss at every step and the final held-out loss (``nudge``: from an init moved
+    one ulp, ``nudge_one_ulp_``)."""
     from arch_plugins import registry
     from benchmarks.gpu_check.models import build_ours
     from benchmarks.gpu_check.plugins import after_step_of
@@ -64,6 +77,8 @@ def train(spec: dict, seed: int, steps: int, data: torch.Tensor) -> dict:
     shape = spec["shape"]
     split = int(len(data) * (1 - HELD_OUT))
     model = build_ours(shape, torch.device("cpu"), seed=seed, **spec["arch"])
+    if nudge:
+        nudge_one_ulp_(model)
     opt = registry.create("optimizer", spec["optimizer"]).build(model, lr=LR, weight_decay=WEIGHT_DECAY,
                                                                   betas=BETAS)
     after_step = after_step_of(model)
@@ -87,7 +102,7 @@ def train(spec: dict, seed: int, steps: int, data: torch.Tensor) -> dict:
     return {"train_losses": losses, "final_loss": final}
 
 
-def sweep(labels: list[str], steps: int, progress=print) -> dict:
+def sweep(labels: list[str], steps: int, progress=print, nudge: bool = False) -> dict:
     todo = contenders(SHAPES["reproduction"])
     data = corpus()
     out = {}
@@ -95,7 +110,7 @@ def sweep(labels: list[str], steps: int, progress=print) -> dict:
         started = time.perf_counter()
         spec = todo[label]
         try:
-            out[label] = {str(seed): train(spec, seed, steps, data) for seed in SEEDS}
+            out[label] = {str(seed): train(spec, seed, steps, data, nudge) for seed in SEEDS}
         except Exception as exc:  # a plugin that fails at one commit is reported, the others still run
             out[label] = {"status": "failed", "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
         progress(f"{label}: " + (", ".join(f"seed {s} {r['final_loss']:.6f}" for s, r in out[label].items())
@@ -154,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                                                              f"{len(REWRITTEN)} rewritten)")
     p.add_argument("--steps", type=int, default=20, help="training steps per seed (default 20)")
     p.add_argument("--json", type=Path, help="write the losses here")
+    p.add_argument("--nudge", action="store_true",
+                   help="start from every initial weight moved one ulp: --compare against a plain run of the same "
+                        "commit shows how far rounding alone carries in --steps steps")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
                    help="train nothing: the table of two runs' JSON files")
     args = p.parse_args(argv)
@@ -177,8 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     import arch_plugins
 
     result = provenance() | {"source": str(Path(arch_plugins.__file__).resolve().parents[1]), "steps": args.steps,
+                             "nudge": args.nudge,
                              "runs": sweep(labels, args.steps,
-                                           progress=lambda line: print(line, file=sys.stderr, flush=True))}
+                                           progress=lambda line: print(line, file=sys.stderr, flush=True),
+                                           nudge=args.nudge)}
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0

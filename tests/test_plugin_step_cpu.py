@@ -164,3 +164,23 @@ def test_a_seeds_training_is_the_same_number_for_number_when_run_again():
     first, again = req.train(spec, 1, 2, data), req.train(spec, 1, 2, data)
     assert first == again and all(math.isfinite(x) for x in first["train_losses"])
     assert req.train(spec, 2, 2, data) != first  # the seed draws the init and the batches
+
+
+def test_a_one_ulp_nudge_moves_every_weight_by_one_ulp_and_nothing_else():
+    import torch
+
+    model = torch.nn.Linear(64, 64)
+    before = [p.detach().clone() for p in model.parameters()]
+    req.nudge_one_ulp_(model)
+    for old, new in zip(before, model.parameters(), strict=True):
+        up, down = torch.nextafter(old, old + 1), torch.nextafter(old, old - 1)
+        assert torch.all((new == up) | (new == down))
+        assert (new == up).any() and (new == down).any()  # both directions drawn
+
+
+def test_each_round_hands_over_the_result_so_far(tmp_path):
+    seen = []
+    psc.measure(psc.SHAPES["tiny"], ["norm=dyt"], rounds=2, steps=1, warmup=0, clock="cpu", progress=lambda line: None,
+                after_round=seen.append)
+    assert [r["rounds"] for r in seen] == [1, 2]
+    assert [len(r["contenders"]["norm=dyt"]["ratios"]) for r in seen] == [1, 2]
