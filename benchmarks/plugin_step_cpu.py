@@ -157,7 +157,8 @@ def summarise(row: dict) -> dict:
     ratios = row["ratios"]
     low, high, cover = median_interval(ratios)
     # Copies of the per-round lists: a summary handed over after a round stays as it was when later rounds append.
-    return {**{key: list(values) for key, values in row.items()}, "status": "ran", "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+    return {**{key: list(values) for key, values in row.items()}, "status": "ran",
+            "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
             "interval": [low, high], "coverage": cover, "step_s": statistics.median(row["seconds"]),
             "baseline_step_s": statistics.median(row["baseline_seconds"])}
 
@@ -222,7 +223,8 @@ def _ratio(row: dict | None) -> str:
         return "not in this run"
     if row.get("status") != "ran":
         return f"{row.get('status')}: {row.get('error', '')}"
-    return f"{row['median']:.2f}x [{row['interval'][0]:.2f}, {row['interval'][1]:.2f}] ({row['min']:.2f}-{row['max']:.2f})"
+    low, high = row["interval"]
+    return f"{row['median']:.2f}x [{low:.2f}, {high:.2f}] ({row['min']:.2f}-{row['max']:.2f})"
 
 
 def render(result: dict) -> str:
