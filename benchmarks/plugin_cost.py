@@ -338,6 +338,19 @@ def _minutes(rows: dict) -> str:
     return f"{sum(row.get('wall_s', 0) for row in rows.values()) / 60:.0f} min"
 
 
+HAND_WRITTEN = "<!-- Written by hand"  # a section under a heading whose first line starts so is kept on --render
+
+
+def with_hand_written_sections(rendered: str, page: str) -> str:
+    """``rendered`` followed by the page's hand-written sections (from the heading above the first marker on), so a
+    re-render does not erase what was measured by other means (the rewrites' losses)."""
+    marker = page.find(HAND_WRITTEN)
+    if marker < 0:
+        return rendered
+    heading = page.rfind("\n## ", 0, marker)
+    return rendered.rstrip("\n") + "\n" + page[heading:] if heading >= 0 else rendered
+
+
 def render(result: dict, gpu: dict[str, float]) -> str:
     """docs/performance/plugins.md from the audit's JSON."""
     shape, rows = Shape(**result["shape"]), result["contenders"]
@@ -519,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             json_path.write_text(json.dumps(result, indent=1) + "\n")
     text = render(result, gpu_step_ratios())
     if page:
-        page.write_text(text)
+        page.write_text(with_hand_written_sections(text, page.read_text() if page.is_file() else ""))
     else:
         print(text)
     return 0

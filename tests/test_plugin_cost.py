@@ -129,3 +129,16 @@ def test_an_unknown_contender_is_one_error_line(capsys):
     assert plugin_cost.main(["--shape", "tiny", "--only", "norm=nonsense"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: unknown contender 'norm=nonsense'")
+
+
+def test_rendering_the_page_keeps_its_hand_written_sections(audit, tmp_path):
+    page = tmp_path / "plugins.md"
+    hand = "## Losses before and after\n\n<!-- Written by hand, keep -->\n\n| a | b |\n"
+    page.write_text("# old render\n\nold table\n\n" + hand)
+    json_path = tmp_path / "cost.json"
+    json_path.write_text(__import__("json").dumps(audit))
+    assert plugin_cost.main(["--render", "--json", str(json_path), "--page", str(page)]) == 0
+    text = page.read_text()
+    assert "old table" not in text and text.endswith(hand) and text.count(hand) == 1
+    assert plugin_cost.main(["--render", "--json", str(json_path), "--page", str(page)]) == 0
+    assert page.read_text() == text  # idempotent: rendered again, the section is there once
