@@ -1,6 +1,6 @@
 """AttnRes's depth softmax as one fused op: out = sum_i softmax_i(u . v_i * r_i) v_i over m sources, per token.
 
-The torch path (``arch_plugins.residuals.attnres.DepthSoftmax``) stacks the sources, upcasts the stack to fp32,
+The torch path (``arch_plugins.residuals.depth_softmax.DepthSoftmax``) stacks the sources, upcasts the stack to fp32,
 and runs a GEMV, a norm, a softmax over depth and a weighted sum: about ten kernels forward and fifteen backward per
 consumer, several of them over the fp32 copy of the stack. Here (Liger-Kernel's ``ops/attn_res.py`` plan, written
 for this module's conventions) one program holds ``BLOCK_M`` tokens' rows and reads each source once forward,
@@ -18,7 +18,7 @@ is summed per program over the tiles it loops over, then across programs by torc
 Layout: the sources are stacked once into (m, tokens, d) in their common dtype (bf16 under autocast) and read from
 there, as the torch path stacks them; one buffer of pointers instead would spare that copy, but needs a
 host-to-device copy per call, which a captured CUDA graph cannot replay. The stacked gradient comes back in the
-same dtype and ``attnres.per_source`` splits it.
+same dtype and ``depth_softmax.per_source`` splits it.
 
 The op runs the Triton kernel on CUDA tensors (or anywhere in Triton's interpreter) and the torch path elsewhere,
 and for float64; plugins choose it through ``dispatch.use_triton``.
@@ -134,7 +134,7 @@ def _fused(query: torch.Tensor, sources: list[torch.Tensor]) -> bool:
 @torch.library.custom_op("arch_plugins::depth_softmax", mutates_args=())
 def _forward_op(query: torch.Tensor, sources: list[torch.Tensor], eps: float | None) -> torch.Tensor:
     if not _fused(query, sources):
-        from arch_plugins.residuals.attnres import depth_softmax_forward
+        from arch_plugins.residuals.depth_softmax import depth_softmax_forward
 
         return depth_softmax_forward(query, eps, sources)[0].contiguous()
     width = query.shape[-1]
@@ -160,7 +160,7 @@ def _backward_op(query: torch.Tensor, sources: list[torch.Tensor], grad: torch.T
                  eps: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the query's gradient, the sources' gradients stacked (m, ..., d) in the stack's dtype)."""
     if not _fused(query, sources):
-        from arch_plugins.residuals.attnres import depth_softmax_backward, depth_softmax_forward
+        from arch_plugins.residuals.depth_softmax import depth_softmax_backward, depth_softmax_forward
 
         _, weights, logits, inverse_rms = depth_softmax_forward(query, eps, sources)
         grad_query, grad_values = depth_softmax_backward(query, weights, logits, inverse_rms, sources, grad, True)
@@ -196,7 +196,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad: torch.Tensor):
-    from arch_plugins.residuals.attnres import per_source
+    from arch_plugins.residuals.depth_softmax import per_source
 
     query, *sources = ctx.saved_tensors
     grad_query, grad_values = _backward_op(query, sources, grad, ctx.eps)

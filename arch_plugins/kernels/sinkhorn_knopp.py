@@ -107,9 +107,9 @@ def _as_matrices(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("arch_plugins::sinkhorn_knopp", mutates_args=())
 def _forward_op(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     if not triton_runs_on(logits):
-        from arch_plugins.residuals.manifold_hyper_connections import _sinkhorn_steps
+        from arch_plugins.residuals.sinkhorn import sinkhorn_steps
 
-        return _sinkhorn_steps(logits, iters, eps, keep=False)[1].contiguous()
+        return sinkhorn_steps(logits, iters, eps, keep=False)[1].contiguous()
     x = _as_matrices(logits)
     n_tokens, n = x.shape[0], x.shape[-1]
     out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
@@ -129,7 +129,7 @@ def _(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 @torch.library.custom_op("arch_plugins::sinkhorn_knopp_backward", mutates_args=())
 def _backward_op(logits: torch.Tensor, grad: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     if not triton_runs_on(logits):
-        from arch_plugins.residuals.manifold_hyper_connections import sinkhorn_knopp_backward
+        from arch_plugins.residuals.sinkhorn import sinkhorn_knopp_backward
 
         return sinkhorn_knopp_backward(logits, grad, iters, eps).contiguous()
     x, g = _as_matrices(logits), _as_matrices(grad)
