@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from lit.tracking.run import checkpoint_run
 from tests.conftest import REPO, TINY_LM, free_port, subprocess_env
 from tests.test_tracking import (  # noqa: F401  (mlflow_server is a fixture)
@@ -95,6 +97,10 @@ MLflowLogger(tracking_uri=uri)
 """
 
 
+# Slow (about a minute: three processes importing MLflow and Lightning on 2 cores). The lock it relies on is checked
+# in the default run with 8 contending threads (tests/test_tracking_removed_lock.py), and every default fit creates
+# its store through it.
+@pytest.mark.slow
 def test_processes_started_together_share_a_new_sqlite_database(tmp_path):
     # torchrun and SLURM start every process at once, and each builds a logger: without the lock,
     # MLflow's table creation races and some processes die in its migrations.
