@@ -22,8 +22,8 @@ per round and its median and range printed. Figures: docs/performance/compile-ca
 from __future__ import annotations
 
 import argparse
-import os
 import json
+import os
 import statistics
 import subprocess
 import sys

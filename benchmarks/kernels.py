@@ -107,9 +107,9 @@ class DeviceClock:
     the figure is the kernels' durations and the gaps between them on the device, with no Python dispatch or
     launch cost (what a step pays under CUDA graphs, and the floor of what it pays otherwise). The replays run back
     to back, without an L2 flush (50 MB of L2 on an H100/H200): a call that touches more reads mostly from memory,
-    a smaller one partly from L2, on every path alike. Where capture fails (a path that syncs or allocates on the host), the profiler's
-    kernel durations are summed instead, over ``reps`` calls each after an L2 flush, less the flushes' own time
-    measured alone; ``method`` says which. On CPU (``--dry``) it is host time, and means nothing.
+    a smaller one partly from L2, on every path alike. Where capture fails (a path that syncs or allocates on the
+    host), the profiler's kernel durations are summed instead, over ``reps`` calls each after an L2 flush, less the
+    flushes' own time measured alone; ``method`` says which. On CPU (``--dry``) it is host time, and means nothing.
     """
 
     def __init__(self, device: torch.device, reps: int, rep_ms: int = 40):
@@ -165,11 +165,11 @@ def peak_bandwidth(device: torch.device, timer: Timer) -> dict[str, float | None
 
 def op_cases(args, device: torch.device) -> list[dict]:
     """Each op with its eager path, its kernel, inputs as a bf16 training step has them, and its bytes."""
+    from arch_plugins.kernels.depth_softmax import depth_softmax
     from arch_plugins.kernels.ngpt_stream_update import ngpt_stream_update
     from arch_plugins.kernels.pattention_theta import pattention_theta
     from arch_plugins.kernels.qk_normalize import qk_normalize
     from arch_plugins.kernels.row_l2_normalize import row_l2_normalize
-    from arch_plugins.kernels.depth_softmax import depth_softmax
     from arch_plugins.kernels.sinkhorn_knopp import sinkhorn_knopp as fused_sinkhorn_knopp
     from arch_plugins.norms.hypersphere import l2_normalize
     from arch_plugins.projections.pattention import theta

@@ -162,7 +162,7 @@ def test_the_graph_path_runs_the_training_step_in_the_graphs_and_evaluation_outs
     reference.load_state_dict(model.state_dict())
     compile_model(model, mode=GRAPHS)
     x = torch.randn(3, 8)
-    for step in range(2):
+    for _ in range(2):
         model(x).sum().backward()
     model.eval()
     with torch.no_grad():

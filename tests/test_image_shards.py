@@ -151,13 +151,12 @@ def test_bad_input_is_one_error_line_and_loses_nothing(folder, shards, tmp_path,
 
 
 def test_packing_memory_does_not_grow_with_the_number_of_images(tmp_path):
+    import io
     import tracemalloc
 
-    from lit.data.prepare_images import pack
-
-    import io
-
     from PIL import Image
+
+    from lit.data.prepare_images import pack
 
     # One real 8x8 JPEG's bytes for every file: packing decodes each image (verify), and a file that does not decode
     # is listed as left out, which grows with the number of such files by design.

@@ -106,9 +106,9 @@ def test_theta_keeps_bf16_scores_in_bf16_and_equals_the_fp32_form_to_bf16_roundi
     """The factor in the scores' dtype: bf16 scores give bf16 weights. CUDA's autocast computes the norm in fp32
     (linalg_vector_norm is on its fp32 list; CPU's autocast leaves it bf16), so the old form promoted the product
     and the GeLU to fp32; the norm is made to answer in fp32 here as it does there. The TokenFormer reference
-    normalises and applies GeLU in the model's dtype; from the same bf16 scores the values differ from the old fp32 product
-    and GeLU by bf16 rounding only: rtol 3 x 2^-8 (bf16's unit roundoff, once for the factor, the product and the
-    GeLU) plus an atol for GeLU's near-zero outputs."""
+    normalises and applies GeLU in the model's dtype; from the same bf16 scores the values differ from the old fp32
+    product and GeLU by bf16 rounding only: rtol 3 x 2^-8 (bf16's unit roundoff, once for the factor, the product
+    and the GeLU) plus an atol for GeLU's near-zero outputs."""
     torch.manual_seed(3)
     scores = torch.randn(64, 48)
     scale = torch.tensor(48.0).sqrt()

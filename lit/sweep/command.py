@@ -312,7 +312,8 @@ def _placement(a: argparse.Namespace, fit_options: list[str], rungs: dict | None
     rung_gpus = ladder.rung_gpus(rungs)
     if a.launch == "slurm" and any(rung_gpus):
         raise UserInputError("--ladder rungs with their own gpus_per_run and --launch slurm: an array task runs one "
-                             "child on the GPUs its array asks for; drop gpus_per_run from the rungs, or launch locally")
+                             "child on the GPUs its array asks for; drop gpus_per_run from the rungs, or launch "
+                             "locally")
     if a.launch == "slurm":  # one run per array task: SLURM places it; the runs are told their GPUs per run
         if a.runs_per_gpu is not None:
             raise UserInputError("--runs_per_gpu with --launch slurm: an array task runs one run; share GPUs through "
