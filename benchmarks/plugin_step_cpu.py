@@ -34,7 +34,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -274,13 +273,12 @@ def noise(run: dict) -> str:
 
 
 def provenance() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "?"
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"), "commit": commit,
-            "torch": torch.__version__, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
+    """The cost audit's provenance (commit, torch), timed to the minute and with the CPU count: two runs of this
+    benchmark on one day are told apart, and the cores bound what a ratio can show."""
+    from benchmarks.plugin_cost import provenance as audit_provenance
+
+    return audit_provenance() | {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+                                 "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
 
 
 def _load(path: Path) -> dict:
