@@ -83,7 +83,9 @@ if tl is not None:
             mask = (rows < n_rows)[:, None] & col_mask[None, :]
             rows = rows.to(tl.int64)
             g = tl.load(g_ptr + rows[:, None] * g_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            # Pass 1: the softmax's maximum and sum, and out . g = sum_i w_i (v_i . g), online as in the forward.
+            # Pass 1: the softmax's maximum and sum, and out . g = sum_i w_i (v_i . g), online as in the forward
+            # (its lines again: a kernel can call only other jitted functions, and these are built lazily, per
+            # dispatch.TritonKernel).
             running_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
             total = tl.zeros((BLOCK_M,), tl.float32)
             weighted = tl.zeros((BLOCK_M,), tl.float32)
