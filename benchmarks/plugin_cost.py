@@ -37,6 +37,7 @@ import collections
 import contextlib
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -72,10 +73,22 @@ OPTIMIZER_TARGETS = {"optimizer=muon": 2.0}
 # to the saved-bytes target. n is each plugin's default (4, the papers').
 STREAM_METHODS = {"residual=hyperconn": 4, "residual=hyperconn_static": 4, "residual=mhc": 4}
 
+# The plugins with a fused op (arch_plugins.kernels: mHC's Sinkhorn, AttnRes's depth softmax), counted a second time
+# as a GPU dispatches them with ``kernel: triton``: the op is one call forward and one backward. These rows always
+# run on fake tensors, where a custom op runs its fake (nothing is computed, and one call is counted, as a real
+# one is), with the interpreter flag set so that the plugin accepts CPU tensors. ``kernel: auto`` does not pick the
+# fused ops until a GPU measures them faster (benchmarks/kernels.py), so these rows say what the fused path
+# costs, not what a run gets today.
+FUSED_OP_PLUGINS = ("residual=mhc", "residual=attnres", "residual=attnres_block")
+FUSED = " kernel=triton"
+
 # The cause of each plugin's cost, in a few words, from the outside review (../shared/specs/gpu-plugins.md, §1-2).
 CAUSES = {
-    "residual=mhc": "20-iteration Sinkhorn as tiny eager ops per sublayer (coefficients now once per sublayer, the "
-                    "Sinkhorn recomputed in backward; its launches await a fused kernel, issue 43 item 4) (§2.1)",
+    "residual=mhc": "20-iteration Sinkhorn as tiny eager ops per sublayer on the torch path, which `kernel: auto` "
+                    "takes until a GPU measures the fused op faster (coefficients once per sublayer, the Sinkhorn "
+                    "recomputed in backward); the fused op's row is below (§2.1)",
+    "residual=mhc kernel=triton": "the Sinkhorn fused to one op each way; left: the coefficients' small element-wise "
+                                  "ops and their gradients on 4 streams, as hyper-connections' (§2.1, §2.3)",
     "residual=attnres": "Python loop over every earlier source per consumer, an fp32 copy of each (saved for "
                         "backward) (§2.2)",
     "residual=attnres_block": "the same per-source loop over block sums (§2.2)",
@@ -98,7 +111,9 @@ CAUSES = {
                                 "layer (their casts, detaches and gradients) and the streams' bf16 casts (§2.11)",
     "norm=seednorm": "4 extra full-size passes per site around the fused RMSNorm (§1)",
     "qk_norm + logit soft-cap": "this audit's whole-logits loss caps the full fp32 logits (a fit's chunked loss now "
-                                "caps inside its cross-entropy: memory.md); QK-norm casts (§2.10)",
+                                "caps inside its cross-entropy: memory.md); QK-norm now in the activations' dtype: one "
+                                "fused norm each way on CUDA, a composite and the gains' casts in this CPU count "
+                                "(§2.10)",
     "norm=precrmsnorm": "CRMSNorm as 11 forward ops with a full cat copy (§1)",
     "norm=ssnorm": "hand-written RMSNorm (6 forward, ~10 backward ops) (§1)",
     "norm=perinorm": "25 extra RMSNorms on bf16 outputs with fp32 gains (§1)",
@@ -182,6 +197,10 @@ def contenders(shape: Shape) -> dict[str, dict]:
     out = {BASELINE: {"arch": baseline, "optimizer": "adamw"}}
     for label, spec in variants(shape).items():
         out[label] = spec if "status" in spec else {"arch": baseline | spec["arch"], "optimizer": spec["optimizer"]}
+    for label in FUSED_OP_PLUGINS:
+        arch = out[label]["arch"]
+        fused = arch | {"residual_options": {**arch.get("residual_options", {}), "kernel": "triton"}}
+        out[label + FUSED] = {"arch": fused, "optimizer": out[label]["optimizer"], "fused_ops": True}
     return out
 
 
@@ -203,6 +222,9 @@ def measure(spec: dict, shape: Shape, tensors: str) -> dict:
     """One contender's steady-state step: ops and FLOPs per phase, saved bytes, and the op histogram."""
     from benchmarks.gpu_check.plugins import after_step_of
 
+    if spec.get("fused_ops"):
+        with interpreter_flag():
+            return measure({k: v for k, v in spec.items() if k != "fused_ops"}, shape, "fake")
     device = torch.device("cpu")
     # allow_non_fake_inputs: the optimizer's step counters are made outside the mode, as real CPU scalars.
     mode = (torch._subclasses.fake_tensor.FakeTensorMode(allow_non_fake_inputs=True) if tensors == "fake"
@@ -236,6 +258,20 @@ def measure(spec: dict, shape: Shape, tensors: str) -> dict:
             "histogram": dict(sum((counter.ops[phase] for phase in PHASES), collections.Counter()))}
 
 
+@contextlib.contextmanager
+def interpreter_flag():
+    """TRITON_INTERPRET=1 while a fused-op row is built and counted (see FUSED_OP_PLUGINS), as it was before."""
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
 def rms_norm_ops() -> int:
     """Ops one ``F.rms_norm`` costs here, forward and backward, at the baseline's dtypes (fp32 stream and gain).
 
@@ -262,6 +298,7 @@ def targets(label: str, shape: Shape, base: dict) -> dict:
     """Issue 43's ceilings for ``label`` at ``shape`` (ratios to the baseline), with the saved-bytes allowance of a
     method whose math holds more (the n streams of hyper-connections)."""
     saved = SAVED_TARGET
+    label = label.removesuffix(FUSED)  # a fused-op row has its plugin's targets
     streams = STREAM_METHODS.get(label)
     if streams:
         allowance = 2 * shape.n_layers * shape.tokens * streams * shape.d_model * 4  # fp32, one copy per sublayer
@@ -415,6 +452,11 @@ def render(result: dict, gpu: dict[str, float]) -> str:
         "- **Saved for backward.** The storages `torch.autograd.graph.saved_tensors_hooks` sees in the forward, each "
         "once (a view keeps its whole storage), parameters and buffers left out. A custom `autograd.Function` that "
         "keeps a tensor as a plain `ctx` attribute is not seen.",
+        f"- **Fused ops.** {', '.join(f'`{label}`' for label in FUSED_OP_PLUGINS)} have a second row, "
+        f"`{FUSED.strip()}`: their fused op (mHC's Sinkhorn, AttnRes's depth softmax; `arch_plugins/kernels/`) "
+        "counted as a GPU dispatches it, one call forward and one backward, on fake tensors. `kernel: auto` takes a "
+        "fused op only on a GPU where it was measured faster (none yet), so these rows say what the fused path "
+        "costs, not what a run gets today.",
         "- **FLOPs.** `torch.utils.flop_counter`'s formulas (matrix products, attention over the full T x T) over the "
         "whole step, the optimizer's included (Muon's Newton-Schulz). Element-wise work is not counted.",
         "",
@@ -434,7 +476,7 @@ def render(result: dict, gpu: dict[str, float]) -> str:
         "",
         f"**{len(missing)} of {len(ran)} contenders miss a target today**"
         + (f": {', '.join(f'`{label}`' for label in missing)}." if missing else ".")
-        + " The rewrites that should bring them to it are issue 43's item 2 onwards."
+        + " What each misses by, and why, is the last table."
         + (" Under the ops target in this count but not once the baseline's RMSNorm surplus is taken out (est., "
            "see *CPU against CUDA dispatch* below; so not shown to meet it): "
            + ", ".join(f"`{label}` {_x(est)}" for label, est in unsettled.items()) + "." if unsettled else ""),
