@@ -1,11 +1,15 @@
 """`cli.py sweep`: the grid, the MLflow parent/child layout, paired data order, tuning, resume, SLURM, bad input.
 
-Sweeps run as a user runs them, `python cli.py sweep ...` in a child process: the sweep forks its runs,
-which is only safe from a process that has not computed with torch yet (see lit/sweep/local.py).
+Sweeps that train run as a user runs them, `python cli.py sweep ...` in a child process: the sweep forks its runs,
+which is only safe from a process that has not computed with torch yet (see lit/sweep/local.py). A sweep that
+trains nothing here (a refusal, SLURM scripts written) runs in this process (`sweep_here`): each child process
+costs seconds of importing Lightning.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -37,6 +41,30 @@ def sweep(cwd: Path, *args: str, env: dict | None = None, check: bool = True) ->
     if check:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
+
+
+def sweep_here(cwd: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """``sweep`` in this process, for a sweep that starts no run (it would fork this process, which has computed
+    with torch): run in ``cwd`` with the child's environment, its output and exit code returned as ``sweep``'s."""
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(env or subprocess_env())
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(["sweep", *args]) or 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    result = subprocess.CompletedProcess(["cli.py", "sweep", *args], code, out.getvalue(), err.getvalue())
+    if check:
+        assert code == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
 
 
 def client_for(cwd: Path) -> MlflowClient:
@@ -238,7 +266,7 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_children(tmp_path):
             if line.startswith("start "):
                 break
         # The same sweep started again while its first child trains: refused in one line naming the owner.
-        second = sweep(tmp_path, *args, check=False)
+        second = sweep_here(tmp_path, *args, check=False)
         hold.unlink()
         assert second.returncode == 2, second.stdout + second.stderr
         errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
@@ -278,7 +306,7 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_children(tmp_path):
     assert proto["seeds"] == [1337, 1338]
     assert sorted(c.data.tags[P.CHILD_KEY] for c in extended if c.info.status == "FINISHED") == sorted(
         f"norm={n}|seed|{s}" for n in ("rmsnorm", "layernorm") for s in (1337, 1338))
-    again = sweep(tmp_path, *args, check=False)  # the original command no longer describes it: one line
+    again = sweep_here(tmp_path, *args, check=False)  # the original command no longer describes it: one line
     assert again.returncode == 2 and "has 2 seeds" in again.stderr and "--add_seeds 1" in again.stderr
 
 
@@ -314,7 +342,7 @@ def test_a_stopped_sweep_ends_its_parent_killed(tmp_path):
 
 
 def test_slurm_job_array_task_run_by_hand_logs_its_child(tmp_path):
-    sweep(tmp_path, "--config", BASELINE, "--vary", "model.arch.norm=rmsnorm,layernorm", "--seeds", "2",
+    sweep_here(tmp_path, "--config", BASELINE, "--vary", "model.arch.norm=rmsnorm,layernorm", "--seeds", "2",
           "--experiment", "cluster", "--launch", "slurm", "--out", "sw", "--sbatch=--time=00:10:00", *TINY)
     out = tmp_path / "sw"
     script = (out / "seeds.sbatch").read_text()
@@ -336,7 +364,7 @@ def test_slurm_job_array_task_run_by_hand_logs_its_child(tmp_path):
 
 
 def test_slurm_with_tuning_starts_the_seeds_after_the_tuning_array(tmp_path):
-    sweep(tmp_path, "--config", BASELINE, "--vary", "model.arch.norm=rmsnorm,layernorm", "--seeds", "2",
+    sweep_here(tmp_path, "--config", BASELINE, "--vary", "model.arch.norm=rmsnorm,layernorm", "--seeds", "2",
           "--tune", "model.lr=1e-3,3e-3,1e-2", "--launch", "slurm", "--out", "sw", *TINY)
     out = tmp_path / "sw"
     assert "#SBATCH --array=0-5" in (out / "tune.sbatch").read_text()
@@ -489,25 +517,24 @@ def test_identity_names_what_changed():
     assert changes(None, old) == ["the sweep was started before sweeps recorded their inputs"]
 
 
-@pytest.mark.slow
 def test_resuming_with_an_edited_variant_file_refuses_unless_a_new_sweep_is_asked(tmp_path):
     variant = tmp_path / "longer.yaml"
     variant.write_text("trainer:\n  max_steps: 4\n")
     args = ["--config", BASELINE, "--variant", f"config={variant}", "--seeds", "2", "--experiment", "edits",
             "--launch", "slurm", *TINY]
-    first = sweep(tmp_path, *args, "--out", "a")
+    first = sweep_here(tmp_path, *args, "--out", "a")
     assert "(new)" in first.stdout
     variant.write_text("trainer:\n  max_steps: 4  # edited\n")
-    refused = sweep(tmp_path, *args, "--out", "a", check=False)
+    refused = sweep_here(tmp_path, *args, "--out", "a", check=False)
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert refused.returncode == 2 and len(errors) == 1, refused.stderr
     assert f"config file {variant} changed" in errors[0] or f"config file {variant}" in errors[0]
     assert "--new_sweep" in errors[0]
-    fresh = sweep(tmp_path, *args, "--out", "b", "--new_sweep")
+    fresh = sweep_here(tmp_path, *args, "--out", "b", "--new_sweep")
     assert "(new)" in fresh.stdout
     parents, _ = runs_of(client_for(tmp_path), "edits")
     assert len({p.data.tags[P.SWEEP_ID] for p in parents}) == 2
     assert all(p.info.status == "FINISHED" for p in parents)  # a SLURM launch ends its parent once written
-    nothing = sweep(tmp_path, "--config", BASELINE, "--seeds", "2", "--add_seeds", "1", "--experiment", "none",
+    nothing = sweep_here(tmp_path, "--config", BASELINE, "--seeds", "2", "--add_seeds", "1", "--experiment", "none",
                     *TINY, check=False)
     assert nothing.returncode == 2 and "--add_seeds extends an existing sweep" in nothing.stderr

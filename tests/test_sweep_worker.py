@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,35 @@ def test_a_sweep_whose_run_is_killed_records_it_and_runs_the_next_seed_in_that_s
     assert status == {"recipe|seed|1337": "FINISHED", "recipe|seed|1338": "KILLED", "recipe|seed|1339": "FINISHED"}
     tested = [r for r in runs if "test/loss" in r.data.metrics]
     assert len(tested) == 2
+
+
+def test_a_stop_signal_sent_to_a_worker_just_forked_ends_it(tmp_path):
+    """A sweep stopped just after it forked a worker forwards SIGTERM to it before the worker has its own handlers.
+    The worker must die of it: under the sweep's handler it would raise inside the fork's bookkeeping, where the
+    exception is dropped, and live on while the sweep waits for it (seen: a stopped sweep that never ended)."""
+    from lit.sweep.worker import start_worker
+    from lit.sweep.worker import stop as stop_worker
+
+    def sweeps_handler(signum, frame):
+        raise RuntimeError("the sweep's handler ran in its worker")
+
+    previous, outcomes = signal.signal(signal.SIGTERM, sweeps_handler), []
+    try:
+        for _ in range(20):
+            worker = start_worker(lambda index: 0, lambda index: tmp_path / f"{index}.log", threads=1)
+            os.kill(worker.pid, signal.SIGTERM)  # at once, as the sweep forwards a stop
+            stop_worker(worker)
+            worker.results.close()
+            for _ in range(300):  # a worker that swallowed the signal exits when its task pipe closes
+                pid, status = os.waitpid(worker.pid, os.WNOHANG)
+                if pid:
+                    outcomes.append(os.waitstatus_to_exitcode(status))
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(worker.pid, signal.SIGKILL)
+                os.waitpid(worker.pid, 0)
+                outcomes.append("still running after 30 s")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert outcomes == [-signal.SIGTERM] * 20

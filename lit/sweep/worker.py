@@ -36,6 +36,8 @@ from lit.sweep.child import ALL_DIVERGED_EXIT, DIVERGED_EXIT, OWNED_ELSEWHERE_EX
 # Exit codes after which a worker takes the next run: the run ended with an outcome and tore itself down.
 # Any other code (1 a crash, 2 a user error, 130 an interrupt) ends the worker after it is reported.
 KEEPS_WORKER = frozenset({0, DIVERGED_EXIT, ALL_DIVERGED_EXIT, OWNED_ELSEWHERE_EXIT})
+# The signals that stop a sweep (lit/sweep/command.py) and that it forwards to its workers.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -59,11 +61,19 @@ def start_worker(run: Callable[[int], int], log_for: Callable[[int], Path], thre
     """
     task_r, task_w = os.pipe()
     result_r, result_w = os.pipe()
+    # The stop signals are held from before the fork until each process has its own handlers. Else a SIGTERM that
+    # the sweep forwards to a worker it has just forked (a sweep stopped at that moment) reaches the worker while
+    # it still has the sweep's handler: raised inside the fork's own bookkeeping, the exception is dropped, the
+    # worker lives on, and the sweep waits for it forever. Held, the signal waits and then kills the worker.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     pid = os.fork()
     if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(task_r)
         os.close(result_w)
         return Worker(pid, task_w, os.fdopen(result_r, "rb", buffering=0), slot=slot)
+    _worker_signal_handlers()
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
     code = 1
     try:
         os.environ.update(env or {})
@@ -140,14 +150,19 @@ def _become_worker(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # the sweep's own handlers are not the run's
-        signal.signal(sig, signal.SIG_DFL)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     # What the sweep imported lives as long as the worker: out of the collector's way, the collection between
     # runs (which frees the last run's model) scans only what runs created.
     gc.freeze()
+
+
+def _worker_signal_handlers() -> None:
+    """A run's defaults in place of the sweep's own handlers: Ctrl-C raises KeyboardInterrupt, SIGTERM and SIGHUP
+    end the process (a run's preemption handler, if it has one, replaces them while it trains)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _point_output_to(log_path: Path) -> None:
