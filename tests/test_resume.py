@@ -1,11 +1,19 @@
 """Never lose a run: exact resume after a real SIGKILL, SIGTERM, Ctrl-C or a kill between validations, a clear stop
-on a non-finite loss, safe checkpoint loading."""
+on a non-finite loss, safe checkpoint loading.
+
+The interrupted runs are processes of their own (a signal or a kill ends them); the uninterrupted run and the
+resumes need no process boundary and run in this one (`fit_here`): a process costs seconds of importing Lightning.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import mlflow
@@ -137,16 +145,41 @@ def fault(callback: str, step: int, **more) -> str:
     return f"{{class_path: tests.fault_injection.{callback}, init_args: {{{args}}}}}"
 
 
+def fit_here(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``command`` (a ``fit_command``) run in this process, in ``cwd``, on one thread as the processes of
+    ``run`` compute (subprocess_env): what ``run`` returns, the warnings issued written into its stderr."""
+    threads, saved_cwd = torch.get_num_threads(), os.getcwd()
+    saved_uri = os.environ.pop("MLFLOW_TRACKING_URI", None)  # as subprocess_env leaves it out
+    err = io.StringIO()
+    torch.set_num_threads(1)
+    os.chdir(cwd)
+    try:
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(err):
+            warnings.simplefilter("always")
+            try:
+                main(command[2:])  # without the interpreter and cli.py; a failure exits
+                code = 0
+            except SystemExit as e:
+                code = e.code
+    finally:
+        os.chdir(saved_cwd)
+        torch.set_num_threads(threads)
+        if saved_uri is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_uri
+    stderr = err.getvalue() + "".join(f"\n{w.category.__name__}: {w.message}" for w in caught)
+    return subprocess.CompletedProcess(command, code, "", stderr)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("uninterrupted")
-    proc = run(fit_command(small_corpus(folder)), folder)
+    proc = fit_here(fit_command(small_corpus(folder)), folder)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return final_state(folder)
 
 
 def assert_resumes_exactly(corpus: Path, last: Path, folder: Path, uninterrupted: dict) -> None:
-    resumed = run(fit_command(corpus, f"--ckpt_path={last}"), folder)
+    resumed = fit_here(fit_command(corpus, f"--ckpt_path={last}"), folder)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "not resumable" not in resumed.stderr  # Lightning's warning is false here: the sampler resumes exactly
     final = final_state(folder)
