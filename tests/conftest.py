@@ -13,9 +13,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The default run is spread over 2 pytest-xdist workers (pyproject.toml's addopts), one file per worker at a time.
-# Each worker computes on one thread, as the CLI processes the tests start already do (subprocess_env): two
-# workers of two threads each on 2 cores only contend. Set before any test module imports torch.
+# The default run is spread over 3 pytest-xdist workers (pyproject.toml's addopts), one file per worker at a time.
+# Each worker computes on one thread, as the CLI processes the tests start already do (subprocess_env): workers of
+# two threads each on 2 cores only contend. Set before any test module imports torch.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 

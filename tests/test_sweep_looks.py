@@ -204,10 +204,15 @@ def test_add_seeds_outside_a_plan_warns_of_an_interim_look_and_records_it(fake_t
     cwd = fake_training
     sweep("--seeds", "2")
     assert "warning" not in capsys.readouterr().err
+    parent_before = parent_and_runs(cwd)[1].info.run_id
     sweep("--seeds", "2", "--add_seeds", "1")
-    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    out = capsys.readouterr()
+    warnings = [line for line in out.err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "extended from 2 to 3 seeds" in warnings[0] and "interim look" in warnings[0]
+    # Only the new seed runs, in the same sweep: its one parent run, not a second.
+    assert "(extended from 2 seeds)" in out.out and "8 runs already finished; 4 to run" in out.out
     client, parent, seeds = parent_and_runs(cwd)
+    assert parent.info.run_id == parent_before and seeds == {v: {1337, 1338, 1339} for v in seeds} and len(seeds) == 4
     assert [(e["from_seeds"], e["to_seeds"]) for e in read_extensions(client, parent.info.run_id)] == [(2, 3)]
     sweep("--seeds", "2", "--add_seeds", "1")  # finishing the same extension again: no second record
     assert "warning:" not in capsys.readouterr().err
@@ -216,6 +221,11 @@ def test_add_seeds_outside_a_plan_warns_of_an_interim_look_and_records_it(fake_t
     assert proto["seeds"] == [1337, 1338, 1339] and "sequential" not in proto
     (note,) = header_notes(proto, [], read_extensions(client, parent.info.run_id))  # compare's protocol bullet
     assert note.startswith("**Extended from 2 seeds (an interim look)** to 3 by `--add_seeds`")
+    # The original command no longer describes the sweep: one line saying how to name it.
+    with pytest.raises(SystemExit) as refused:
+        sweep("--seeds", "2")
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert refused.value.code == 2 and len(errors) == 1 and "has 3 seeds" in errors[0] and "--add_seeds 1" in errors[0]
 
 
 def test_a_variant_is_diverged_at_every_value_only_once_every_value_is_done(workdir_with_store):
