@@ -47,7 +47,8 @@ def test_every_overlay_is_tested():
     assert {p.stem for p in OVERLAYS.glob("*.yaml")} == tested
 
 
-# LAUREL also trains under compile, DDP and FSDP2 below; its bf16/checkpointing runs are long, so `slow`.
+# LAUREL also trains under compile and FSDP2 below (and DDP in the slow tier); its bf16/checkpointing runs are long,
+# so `slow`.
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m == "gpt_laurel_rw_lr_pa" else m
                                   for m in MODELS])
 @pytest.mark.parametrize("overlays", [["bf16"], ["activation_checkpointing"]])
@@ -100,9 +101,11 @@ def last_checkpoint(folder: Path) -> Path:
     return last
 
 
-# DDP itself is checked against one process in test_distributed.py; the ViT overlay run is in the slow tier.
-@pytest.mark.parametrize("name", ["gpt_laurel_rw_lr_pa",
-                                  pytest.param("vit_tokenformer_digits", marks=pytest.mark.slow)])
+# In the slow tier: DDP itself is checked against one process in test_distributed.py, this overlay launched by
+# Lightning on 2 processes in test_resume.py (a NaN on one rank), and what DDP needs of a plugin (a gradient for
+# every parameter) per plugin by the conformance kit (test_every_plugin.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt_laurel_rw_lr_pa", "vit_tokenformer_digits"])
 def test_ddp(name, tmp_path):
     run_two_processes([*recipe(name), *overlay("ddp"), *SHORT], tmp_path)
     checkpoint = torch.load(last_checkpoint(tmp_path), weights_only=True)
