@@ -47,8 +47,8 @@ def test_every_overlay_is_tested():
     assert {p.stem for p in OVERLAYS.glob("*.yaml")} == tested
 
 
-# LAUREL also trains under compile and FSDP2 below (and DDP in the slow tier); its bf16/checkpointing runs are long,
-# so `slow`.
+# LAUREL's overlay runs are all in the slow tier (bf16 and checkpointing here; compile, DDP and FSDP2 below): long on
+# 2 cores, and each overlay's path is taken by default with the other recipes.
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.slow) if m == "gpt_laurel_rw_lr_pa" else m
                                   for m in MODELS])
 @pytest.mark.parametrize("overlays", [["bf16"], ["activation_checkpointing"]])
