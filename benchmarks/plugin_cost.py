@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -222,8 +223,8 @@ def measure(spec: dict, shape: Shape, tensors: str) -> dict:
     """One contender's steady-state step: ops and FLOPs per phase, saved bytes, and the op histogram."""
     from benchmarks.gpu_check.plugins import after_step_of
 
-    if spec.get("fused_ops"):
-        with interpreter_flag():
+    if spec.get("fused_ops"):  # the interpreter flag, so that the plugin accepts CPU tensors (FUSED_OP_PLUGINS)
+        with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}):
             return measure({k: v for k, v in spec.items() if k != "fused_ops"}, shape, "fake")
     device = torch.device("cpu")
     # allow_non_fake_inputs: the optimizer's step counters are made outside the mode, as real CPU scalars.
@@ -256,20 +257,6 @@ def measure(spec: dict, shape: Shape, tensors: str) -> dict:
             "flops": sum(counter.flops.values()), "flops_by_phase": counter.flops,
             "optimizer_ops": ops["optimizer"],
             "histogram": dict(sum((counter.ops[phase] for phase in PHASES), collections.Counter()))}
-
-
-@contextlib.contextmanager
-def interpreter_flag():
-    """TRITON_INTERPRET=1 while a fused-op row is built and counted (see FUSED_OP_PLUGINS), as it was before."""
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
 
 
 def rms_norm_ops() -> int:
