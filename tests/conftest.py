@@ -70,6 +70,44 @@ def run_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def cli_here(argv: list[str], cwd: Path, env: dict[str, str] | None = None):
+    """``cli.py ARGV`` run in this process as ``subprocess.run`` runs it in a child, for a command that needs no
+    process of its own (each child spends seconds importing Lightning): in ``cwd``, in the child's environment
+    (``subprocess_env()`` unless given) and on one thread, as the child computes. Returns what ``subprocess.run``
+    would: the exit code, what was printed, and the warnings issued written into stderr, as a child prints them."""
+    import contextlib
+    import io
+    import subprocess
+    import warnings
+
+    import torch
+
+    from lit.commands import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
+    os.environ.clear()
+    os.environ.update(env or subprocess_env())
+    os.chdir(cwd)
+    torch.set_num_threads(1)
+    try:
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            warnings.simplefilter("always")
+            try:
+                result = main(argv)  # a failure exits; fit returns its LightningCLI
+                code = result if isinstance(result, int) else 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(threads)
+    stderr = err.getvalue() + "".join(f"\n{w.category.__name__}: {w.message}" for w in caught)
+    return subprocess.CompletedProcess(["cli.py", *argv], code, out.getvalue(), stderr)
+
+
 def cli_in(cwd: Path, timeout: int = 900):
     """``cli(*args)``: ``python cli.py ARGS`` in a subprocess run in ``cwd``, asserting it succeeded; its stdout."""
     import subprocess

@@ -7,13 +7,9 @@ resumes need no process boundary and run in this one (`fit_here`): a process cos
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
-import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import mlflow
@@ -22,7 +18,7 @@ import torch
 
 from lit.cli import main
 from lit.data.resumable import ResumableSampler
-from tests.conftest import REPO, TINY_LM, subprocess_env
+from tests.conftest import REPO, TINY_LM, cli_here, subprocess_env
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
 STEPS = 12
@@ -146,28 +142,8 @@ def fault(callback: str, step: int, **more) -> str:
 
 
 def fit_here(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``command`` (a ``fit_command``) run in this process, in ``cwd``, on one thread as the processes of
-    ``run`` compute (subprocess_env): what ``run`` returns, the warnings issued written into its stderr."""
-    threads, saved_cwd = torch.get_num_threads(), os.getcwd()
-    saved_uri = os.environ.pop("MLFLOW_TRACKING_URI", None)  # as subprocess_env leaves it out
-    err = io.StringIO()
-    torch.set_num_threads(1)
-    os.chdir(cwd)
-    try:
-        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(err):
-            warnings.simplefilter("always")
-            try:
-                main(command[2:])  # without the interpreter and cli.py; a failure exits
-                code = 0
-            except SystemExit as e:
-                code = e.code
-    finally:
-        os.chdir(saved_cwd)
-        torch.set_num_threads(threads)
-        if saved_uri is not None:
-            os.environ["MLFLOW_TRACKING_URI"] = saved_uri
-    stderr = err.getvalue() + "".join(f"\n{w.category.__name__}: {w.message}" for w in caught)
-    return subprocess.CompletedProcess(command, code, "", stderr)
+    """``command`` (a ``fit_command``) run in this process (``cli_here``), without the interpreter and cli.py."""
+    return cli_here(command[2:], cwd)
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ costs seconds of importing Lightning.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -26,7 +24,7 @@ from lit.commands import main
 from lit.errors import UserInputError
 from lit.sweep import protocol as P
 from lit.sweep.grid import build_children, build_variants, find_baseline, parse_variant, split_top_level
-from tests.conftest import REPO, assert_refused_in_one_line, subprocess_env
+from tests.conftest import REPO, assert_refused_in_one_line, cli_here, subprocess_env
 
 BASELINE = str(REPO / "recipes" / "gpt_baseline.yaml")
 TINY = ["--model.arch.d_model=32", "--model.arch.n_layers=2", "--model.arch.n_heads=2", "--data.block_size=16",
@@ -44,26 +42,11 @@ def sweep(cwd: Path, *args: str, env: dict | None = None, check: bool = True) ->
 
 
 def sweep_here(cwd: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """``sweep`` in this process, for a sweep that starts no run (it would fork this process, which has computed
-    with torch): run in ``cwd`` with the child's environment, its output and exit code returned as ``sweep``'s."""
-    out, err = io.StringIO(), io.StringIO()
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    os.environ.clear()
-    os.environ.update(env or subprocess_env())
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(["sweep", *args]) or 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-    finally:
-        os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved_env)
-    result = subprocess.CompletedProcess(["cli.py", "sweep", *args], code, out.getvalue(), err.getvalue())
+    """``sweep`` in this process (``cli_here``), for a sweep that starts no run: one that does would fork this
+    process, which has computed with torch."""
+    result = cli_here(["sweep", *args], cwd, env)
     if check:
-        assert code == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
 
