@@ -76,3 +76,41 @@ def test_compare_refuses_to_pair_runs_that_saw_different_data(client, tmp_path, 
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error:")
     assert "saw different data" in err and "d1" in err and "d2" in err
+
+
+def test_a_dataset_another_run_inserted_meanwhile_is_linked_not_a_failed_fit(client, monkeypatch):
+    """The race of two runs starting at once on the same data: both look for the dataset, find none, and both insert
+    it; the second insert fails on the unique key. Replayed here: the other run logs the dataset between our look and
+    our insert (the first call fails as MLflow fails it), and our run must still end up linked to that dataset."""
+    from mlflow.exceptions import MlflowException
+
+    dm = TextDataModule(block_size=8)
+    other, ours = (client.create_run(client.experiment_id) for _ in range(2))
+    real, calls = client.log_inputs, []
+
+    def racing(run_id, datasets=None, **kwargs):
+        calls.append(run_id)
+        if len(calls) == 1:
+            real(other.info.run_id, datasets=datasets, **kwargs)  # the other run wins the race
+            raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
+                                  "datasets.name, datasets.digest")
+        return real(run_id, datasets=datasets, **kwargs)
+
+    monkeypatch.setattr(client, "log_inputs", racing)
+    record = log_dataset(client, ours.info.run_id, dm)
+    assert calls == [ours.info.run_id] * 2
+    logged = [client.get_run(r.info.run_id) for r in (other, ours)]
+    assert [run.inputs.dataset_inputs[0].dataset.digest for run in logged] == [record["digest"]] * 2
+    assert logged[1].data.tags[DATA_DIGEST_TAG] == record["digest"]
+
+
+def test_a_store_that_keeps_failing_still_fails_the_run(client, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    def broken(run_id, datasets=None, **kwargs):
+        raise MlflowException("the store is gone")
+
+    monkeypatch.setattr(client, "log_inputs", broken)
+    monkeypatch.setattr("lit.tracking.dataset_input.time.sleep", lambda s: None)
+    with pytest.raises(MlflowException, match="the store is gone"):
+        log_dataset(client, client.create_run(client.experiment_id).info.run_id, TextDataModule(block_size=8))
