@@ -236,10 +236,14 @@ def measure(spec: dict, shape: Shape, tensors: str) -> dict:
     opt = build_optimizer(model, spec["optimizer"])
     after_step = after_step_of(model)
     persistent = {t.untyped_storage()._cdata for t in (*model.parameters(), *model.buffers())}
-    for counted in (False, True):
-        counter, saved = StepCounter(), SavedBytes(persistent)
-        with counter if counted else contextlib.nullcontext():
-            with mode, saved.hooks():
+    # A warm-up step (the optimizer's state is made), then one step counted, then one step whose saved tensors are
+    # weighed. Apart: unpacking a tensor saved through hooks costs a detach in backward, one op per saved tensor
+    # that a run without the hooks never pays (it was 10% of the baseline's ops when both were one step).
+    counter, saved = StepCounter(), SavedBytes(persistent)
+    for step in ("warm-up", "ops", "saved"):
+        counter.phase = PHASES[0]
+        with counter if step == "ops" else contextlib.nullcontext():
+            with mode, saved.hooks() if step == "saved" else contextlib.nullcontext():
                 loss = loss_of(model, x, y, device, True)
             counter.phase = "backward"
             with mode:
@@ -427,7 +431,9 @@ def render(result: dict, gpu: dict[str, float]) -> str:
         + " A test checks, op for op, that fake and real tensors count the baseline's step alike.",
         "- **Ops.** Every operator call below autograd (a `TorchDispatchMode`), forward, backward and optimizer; "
         "views and detaches included (they cost a dispatch, not a kernel). The second step is counted: the first "
-        "creates the optimizer's state.",
+        "creates the optimizer's state. The saved tensors are weighed on a third step: the hooks that weigh them "
+        "add a detach per saved tensor in backward, which no run pays (until 2026-12-02 they were counted too, "
+        "about a tenth of the baseline's ops).",
         f"- **CPU against CUDA dispatch.** The counts are the CPU's. Where they differ: `F.rms_norm` is a composite "
         f"on a CPU, {result['rms_norm_ops']} ops forward and backward here, where CUDA runs one fused kernel each way "
         f"(when input and weight share a dtype). The baseline's {norms} RMSNorms therefore count about "
