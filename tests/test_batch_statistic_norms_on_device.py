@@ -20,13 +20,18 @@ from arch_plugins.norms.unified_norm import R_MAX, R_MIN, UnifiedNorm
 
 
 class UNBefore(torch.autograd.Function):
-    """``_UNFunction`` before: the counter and the outlier test read on the host."""
+    """``_UNFunction`` before: the counter and the outlier test read on the host. Its arithmetic follows today's
+    function, whose ops issue 43 reordered to run fewer (the standard deviation once, one addcmul, the per-channel
+    factors folded first): that reordering is compared with the older order, within rounding, in
+    ``test_unified_norm_rewrite.py``; here only where the branches are decided differs."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, un):
         it = int(un.iters.item())
         fp, bp = un.buffer_x2.shape[0], un.buffer_gz.shape[0]
-        count = un.reduce(torch.full((1,), float(x.shape[0]), device=x.device))
+        world = processes() if un.sync else 1
+        count = (un.reduce(torch.full((1,), float(x.shape[0]), device=x.device)) if world > 1
+                 else float(x.shape[0]))
         x2 = un.reduce(x.square().sum(dim=0)) / count
         skip = fp <= 1
         recorded_var = torch.var(torch.sqrt(un.buffer_x2))
@@ -42,24 +47,25 @@ class UNBefore(torch.autograd.Function):
             var = x2
         else:
             var = torch.exp(torch.log(un.buffer_x2).mean(dim=0))
-        r = (var + un.eps).sqrt() / (un.running_var + un.eps).sqrt()
+        std = (var + un.eps).sqrt()
+        r = std / (un.running_var + un.eps).sqrt()
         if it <= max(un.compensation_start, un.warmup_iters) or skip:
             r = torch.ones_like(r)
         else:
             r = r.clamp(R_MIN, R_MAX)
-        z = x / (var + un.eps).sqrt()
+        z = x / std
         un.running_var.copy_(un.momentum * un.running_var + (1 - un.momentum) * var)
-        ctx.un, ctx.it, ctx.skip, ctx.bp, ctx.count = un, it, skip, bp, count
-        ctx.save_for_backward(z, var, weight, r)
-        return weight * z + bias
+        ctx.un, ctx.it, ctx.skip, ctx.bp, ctx.count, ctx.world = un, it, skip, bp, count, world
+        ctx.save_for_backward(z, std, weight, r)
+        return torch.addcmul(bias, weight, z)
 
     @staticmethod
     def backward(ctx, grad_y):
         un, it, skip, bp = ctx.un, ctx.it, ctx.skip, ctx.bp
-        z, var, weight, r = ctx.saved_tensors
-        g = grad_y * weight * r
-        world = processes() if un.sync else 1
-        gz = un.reduce((g * z).sum(dim=0)) / ctx.count / world
+        z, std, weight, r = ctx.saved_tensors
+        g = grad_y * (weight * r)
+        world = ctx.world
+        gz = un.reduce((g * z).sum(dim=0)) / (ctx.count * world)
         un.buffer_gz[it % bp].copy_(un.ema_gz if skip else gz)
         if it <= bp or it < un.warmup_iters or skip:
             mean_gz = gz
@@ -67,9 +73,10 @@ class UNBefore(torch.autograd.Function):
             mean_gz = un.buffer_gz.mean(dim=0)
         un.ema_gz.copy_(un.ema_gz * un.momentum + (1 - un.momentum) * mean_gz)
         exact = skip or (un.exact_backward_warmup and it < un.warmup_iters)
-        approx = g - world * (mean_gz if exact else un.ema_gz) * z
-        gx = approx / torch.sqrt(var + un.eps)
-        return gx, (grad_y * r * z).sum(dim=0), grad_y.sum(dim=0), None
+        used = mean_gz if exact else un.ema_gz
+        approx = g - (used * world if world > 1 else used) * z
+        gx = approx / std
+        return gx, (grad_y * z).sum(dim=0) * r, grad_y.sum(dim=0), None
 
 
 class PowerBefore(torch.autograd.Function):
