@@ -265,6 +265,11 @@ def test_the_probe_runs_eagerly_under_compile_and_activation_checkpointing():
 
 def run_worker(strategy: str, tmp_path) -> dict:
     out = tmp_path / f"{strategy}.pt"
+    if strategy == "single":  # in this process: a separate one would only import Lightning again (~10 s of CPU)
+        from tests import diagnostics_worker
+
+        diagnostics_worker.main(["--strategy", "single", "--out", str(out)])
+        return torch.load(out, weights_only=False)
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "diagnostics_worker.py"), "--strategy", strategy,
                            "--out", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env=subprocess_env())

@@ -112,13 +112,15 @@ def test_ddp(name, tmp_path):
     assert checkpoint["global_step"] == 2
 
 
-# The default run keeps the broadest overlay (bf16 + activation checkpointing); FSDP2's equality with one process,
-# and nGPT's renormalisation on the shards (gathered weights on the sphere), are checked in test_distributed.py and
-# test_sharded_checkpoints.py, so this file's unit-norm run is in the slow tier.
+# All in the slow tier (80 s of the default run for the broadest one, bf16 + activation checkpointing, on 2 shared
+# cores). By default: FSDP2's equality with one process and nGPT's renormalisation on the shards in
+# test_distributed.py and test_sharded_checkpoints.py (2 processes); the FSDP2 units with the chunked loss through
+# them in test_fsdp_units.py; bf16 and activation checkpointing over these recipes on one process above.
+@pytest.mark.slow
 @pytest.mark.parametrize("name, extra", [
-    pytest.param("gpt_ngpt", [], marks=pytest.mark.slow),
-    pytest.param("vit_ngpt_pattention", [], marks=pytest.mark.slow),
-    pytest.param("gpt_laurel_rw_lr_pa", ["activation_checkpointing"], marks=pytest.mark.slow),
+    ("gpt_ngpt", []),
+    ("vit_ngpt_pattention", []),
+    ("gpt_laurel_rw_lr_pa", ["activation_checkpointing"]),
     ("gpt_tokenformer", ["bf16", "activation_checkpointing"]),
 ])
 def test_fsdp2(name, extra, tmp_path):

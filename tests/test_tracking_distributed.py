@@ -4,7 +4,8 @@ The first fit is launched the way torchrun or SLURM do it, one process per "node
 (NODE_RANK 0 and 1, LOCAL_RANK 0 each): both are local rank 0 of their node, so each logs its node's
 system metrics, and node 1's can only land in the run if rank 0's run id reached it. The resume is
 launched by Lightning itself (2 devices on one node, the script re-executed), from the sharded
-checkpoint directory the first fit wrote. And processes started at once on a new sqlite database.
+checkpoint directory the first fit wrote (slow tier). And processes started at once on a new sqlite database
+(slow tier).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,9 +62,10 @@ def fit_on_two_devices(cwd, tracking_uri: str, *args: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_two_processes_log_one_run_with_sharded_checkpoints_and_resume_into_it(tmp_path, mlflow_server):  # noqa: F811
-    fit_on_two_nodes(tmp_path, mlflow_server, "--trainer.logger.init_args.log_model=all")
-    client, run = only_run(mlflow_server)  # rank 1 created no run of its own
+def two_processes_log_one_run_with_sharded_checkpoints(tmp_path, tracking_uri: str) -> tuple[str, Path]:
+    """The fit on two "nodes" and what its one run holds: (its run id, its checkpoint folder)."""
+    fit_on_two_nodes(tmp_path, tracking_uri, "--trainer.logger.init_args.log_model=all")
+    client, run = only_run(tracking_uri)  # rank 1 created no run of its own
     run_id = run.info.run_id
     assert_complete_run(client, run)
     assert steps(client, run_id, "train/loss") == [0, 1, 2]
@@ -76,7 +79,19 @@ def test_two_processes_log_one_run_with_sharded_checkpoints_and_resume_into_it(t
         assert {f"{stem}/{stem}.ckpt/{f}" for f in SHARDED} == artifact_files(client, run_id, f"{stem}/{stem}.ckpt")
     folder = tmp_path / "runs" / run.info.experiment_id / run_id / "checkpoints"
     assert checkpoint_run(folder / "last.ckpt")["run_id"] == run_id  # read from the directory's meta.pt
+    return run_id, folder
 
+
+def test_two_processes_log_one_run_with_sharded_checkpoints(tmp_path, mlflow_server):  # noqa: F811
+    two_processes_log_one_run_with_sharded_checkpoints(tmp_path, mlflow_server)
+
+
+# Slow (one more 2-process fit, about 45 s of the default run on 2 shared cores). By default a sharded checkpoint
+# resumes under FSDP2 on 2 processes to the same weights (test_sharded_checkpoints.py), a resumed fit logs into its
+# checkpoint's run (test_tracking.py), and the run id is read from a sharded checkpoint's meta.pt (above).
+@pytest.mark.slow
+def test_two_processes_resume_a_sharded_checkpoint_into_its_run(tmp_path, mlflow_server):  # noqa: F811
+    run_id, folder = two_processes_log_one_run_with_sharded_checkpoints(tmp_path, mlflow_server)
     fit_on_two_devices(tmp_path, mlflow_server, "--trainer.max_steps=6", "--ckpt_path", str(folder / "last.ckpt"))
     client, resumed = only_run(mlflow_server)
     assert resumed.info.run_id == run_id and resumed.info.status == "FINISHED"
