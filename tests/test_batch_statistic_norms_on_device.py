@@ -23,7 +23,7 @@ class UNBefore(torch.autograd.Function):
     """``_UNFunction`` before: the counter and the outlier test read on the host. Its arithmetic follows today's
     function, whose ops issue 43 reordered to run fewer (the standard deviation once, one addcmul, the per-channel
     factors folded first): that reordering is compared with the older order, within rounding, in
-    ``test_unified_norm_rewrite.py``; here only where the branches are decided differs."""
+    ``test_statistic_norms_rewrite.py``; here only where the branches are decided differs."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, un):
@@ -80,12 +80,15 @@ class UNBefore(torch.autograd.Function):
 
 
 class PowerBefore(torch.autograd.Function):
-    """``_PowerFunction`` before: the counter read on the host."""
+    """``_PowerFunction`` before: the counter read on the host. Its arithmetic follows today's function (fewer ops
+    since issue 43: compared with the older order, within rounding, in ``test_statistic_norms_rewrite.py``)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, pn):
         it = int(pn.iters.item())
-        count = pn.reduce(torch.full((1,), float(x.shape[0]), device=x.device))
+        world = processes() if pn.sync else 1
+        count = (pn.reduce(torch.full((1,), float(x.shape[0]), device=x.device)) if world > 1
+                 else float(x.shape[0]))
         var = pn.reduce(x.square().sum(dim=0)) / count
         if it <= pn.warmup_iters:
             z = x / (var + pn.eps).sqrt()
@@ -94,18 +97,18 @@ class PowerBefore(torch.autograd.Function):
         if it < pn.warmup_iters:
             pn.running_phi.copy_(pn.running_phi * (it - 1) / it + var / it)
         pn.running_phi.copy_(pn.alpha_fwd * pn.running_phi + (1 - pn.alpha_fwd) * var)
-        ctx.pn, ctx.count = pn, count
+        ctx.pn, ctx.count, ctx.world = pn, count, world
         ctx.save_for_backward(z, var, weight)
-        return weight * z + bias
+        return torch.addcmul(bias, weight, z)
 
     @staticmethod
     def backward(ctx, grad_y):
         pn = ctx.pn
         z, var, weight = ctx.saved_tensors
         g = grad_y * weight
-        world = processes() if pn.sync else 1
-        approx = g - (1 - pn.alpha_bkw) * world * pn.ema_gz * z
-        pn.ema_gz += pn.reduce((approx * z).sum(dim=0)) / ctx.count / world
+        world = ctx.world
+        approx = torch.addcmul(g, pn.ema_gz, z, value=-(1 - pn.alpha_bkw) * world)
+        pn.ema_gz += pn.reduce((approx * z).sum(dim=0)) / (ctx.count * world)
         gx = approx / torch.sqrt(var + pn.eps)
         return gx, (grad_y * z).sum(dim=0), grad_y.sum(dim=0), None
 

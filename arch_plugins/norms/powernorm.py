@@ -60,7 +60,13 @@ class GroupScaling(nn.Module):
 
 
 class _PowerFunction(torch.autograd.Function):
-    """Forward and approximate backward of PowerNorm on (N, C) tokens; buffers are updated in place."""
+    """Forward and approximate backward of PowerNorm on (N, C) tokens; buffers are updated in place.
+
+    Each op is a kernel launch on a GPU, at 25 sites of a 12-layer model: the token count is a Python number on one
+    process, the affine map one ``addcmul``, and the backward's correction ``g - (1 - alpha) ema_gz z`` one
+    ``addcmul`` with its scalar folded in (issue 43; ``tests/test_statistic_norms_rewrite.py`` holds the version before
+    and checks they agree).
+    """
 
     @staticmethod
     def forward(ctx, x, weight, bias, pn: PowerNorm):
@@ -68,7 +74,10 @@ class _PowerFunction(torch.autograd.Function):
         # computed and torch.where picks, elementwise, the same values the reference's Python `if` picks. No host
         # read of the counter (a sync per forward on a GPU), no graph break under compile.
         it = pn.iters.float()  # exact below 2**24 iterations
-        count = pn.reduce(torch.full((1,), float(x.shape[0]), device=x.device))
+        world = processes() if pn.sync else 1
+        # Summed across processes only when there are several; a Python number divides as the one-element tensor.
+        count = (pn.reduce(torch.full((1,), float(x.shape[0]), device=x.device)) if world > 1
+                 else float(x.shape[0]))
         var = pn.reduce(x.square().sum(dim=0)) / count
         z = x / (torch.where(pn.iters <= pn.warmup_iters, var, pn.running_phi) + pn.eps).sqrt()
         # The cumulative average of the warmup, then (always) the EMA: pn.py:67-69. Divided by the counter as a
@@ -76,9 +85,9 @@ class _PowerFunction(torch.autograd.Function):
         # reciprocal (ATen's kernel for a host scalar), so the warmup average may differ there in the last bit.
         averaged = torch.where(pn.iters < pn.warmup_iters, pn.running_phi * (it - 1) / it + var / it, pn.running_phi)
         pn.running_phi.copy_(pn.alpha_fwd * averaged + (1 - pn.alpha_fwd) * var)
-        ctx.pn, ctx.count = pn, count
+        ctx.pn, ctx.count, ctx.world = pn, count, world
         ctx.save_for_backward(z, var, weight)
-        return weight * z + bias
+        return torch.addcmul(bias, weight, z)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -87,10 +96,10 @@ class _PowerFunction(torch.autograd.Function):
         g = grad_y * weight
         # ema_gz is kept at the whole batch's gradient scale, a process's own gradients are `world` times it (see
         # ``processes``), so the buffer does not depend on the number of processes.
-        world = processes() if pn.sync else 1
-        approx = g - (1 - pn.alpha_bkw) * world * pn.ema_gz * z
+        world = ctx.world
+        approx = torch.addcmul(g, pn.ema_gz, z, value=-(1 - pn.alpha_bkw) * world)
         # add_, not +=: += also sets the module's attribute, a side effect compile cannot keep inside the function.
-        pn.ema_gz.add_(pn.reduce((approx * z).sum(dim=0)) / ctx.count / world)
+        pn.ema_gz.add_(pn.reduce((approx * z).sum(dim=0)) / (ctx.count * world))
         gx = approx / torch.sqrt(var + pn.eps)
         return gx, (grad_y * z).sum(dim=0), grad_y.sum(dim=0), None
 

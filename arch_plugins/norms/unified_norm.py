@@ -66,7 +66,7 @@ class _UNFunction(torch.autograd.Function):
     Each op is a kernel launch on a GPU, and UN runs at 25 sites of a 12-layer model on (C,) vectors mostly: the
     standard deviation is computed once and saved for the backward, the token count is a Python number on one
     process, the affine map is one ``addcmul``, and the per-channel factors meet the (N, C) tensors once
-    (issue 43; ``tests/test_unified_norm_rewrite.py`` holds the version before and checks they agree).
+    (issue 43; ``tests/test_statistic_norms_rewrite.py`` holds the version before and checks they agree).
     """
 
     @staticmethod

@@ -1,12 +1,15 @@
-"""Issue 43: UN's autograd function with fewer ops (the standard deviation computed once and saved, the token count a
-Python number on one process, the affine map one addcmul, the per-channel factors folded before they meet the tokens)
-computes what the version before it computed.
+"""Issue 43: UN's and PowerNorm's autograd functions with fewer ops compute what the versions before them computed.
 
-``ReferenceUNFunction`` below is that version, copied from commit 717eef2. Both run the same 12 training steps from
-the same state, across every branch boundary (the window filling, the warmup, gradient compensation, a spiked batch
-for the outlier filtration, the exact-backward warmup), and are compared step by step: output, the gradients of the
-input and of both parameters, and every buffer. The ops are reordered (``grad_y * (weight * r)`` against
-``grad_y * weight * r``, an addcmul against a multiply and an add), so the comparison is to fp32 rounding.
+UN: the standard deviation computed once and saved, the token count a Python number on one process, the affine map
+one addcmul, the per-channel factors folded before they meet the tokens. PowerNorm: the same token count and affine
+map, and its backward's correction one addcmul with the scalar folded in.
+
+``ReferenceUNFunction`` (copied from commit 717eef2) and ``ReferencePowerFunction`` (from 7fd9ab5) below are those
+versions. Each pair runs the same 12 training steps from the same state, across every branch boundary (the windows
+filling, the warmup, UN's gradient compensation, a spiked batch for its outlier filtration, its exact-backward
+warmup), and is compared step by step: output, the gradients of the input and of both parameters, and every buffer.
+The ops are reordered (``grad_y * (weight * r)`` against ``grad_y * weight * r``, an addcmul against a multiply and an
+add), so the comparison is to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import copy
 import pytest
 import torch
 
-from arch_plugins.norms import unified_norm
-from arch_plugins.norms.unified_norm import R_MAX, R_MIN, UnifiedNorm, processes  # noqa: F401 (used by the copy)
+from arch_plugins.norms import powernorm, unified_norm
+from arch_plugins.norms.powernorm import PowerNorm
+from arch_plugins.norms.unified_norm import R_MAX, R_MIN, UnifiedNorm, processes  # noqa: F401 (used by the copies)
 
 C = 6
 ATOL, RTOL = 1e-6, 1e-5  # fp32 rounding of a few reordered ops on O(1) values
@@ -83,6 +87,42 @@ class ReferenceUNFunction(torch.autograd.Function):
         return gx, (grad_y * r * z).sum(dim=0), grad_y.sum(dim=0), None
 
 
+class ReferencePowerFunction(torch.autograd.Function):
+    """Forward and approximate backward of PowerNorm on (N, C) tokens; buffers are updated in place."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, pn: PowerNorm):
+        # The warmup tests read the iteration counter where it lives, on the device: both sides of each branch are
+        # computed and torch.where picks, elementwise, the same values the reference's Python `if` picks. No host
+        # read of the counter (a sync per forward on a GPU), no graph break under compile.
+        it = pn.iters.float()  # exact below 2**24 iterations
+        count = pn.reduce(torch.full((1,), float(x.shape[0]), device=x.device))
+        var = pn.reduce(x.square().sum(dim=0)) / count
+        z = x / (torch.where(pn.iters <= pn.warmup_iters, var, pn.running_phi) + pn.eps).sqrt()
+        # The cumulative average of the warmup, then (always) the EMA: pn.py:67-69. Divided by the counter as a
+        # tensor: the same numbers on a CPU; on CUDA the host-int division it replaces was a multiplication by the
+        # reciprocal (ATen's kernel for a host scalar), so the warmup average may differ there in the last bit.
+        averaged = torch.where(pn.iters < pn.warmup_iters, pn.running_phi * (it - 1) / it + var / it, pn.running_phi)
+        pn.running_phi.copy_(pn.alpha_fwd * averaged + (1 - pn.alpha_fwd) * var)
+        ctx.pn, ctx.count = pn, count
+        ctx.save_for_backward(z, var, weight)
+        return weight * z + bias
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        pn = ctx.pn
+        z, var, weight = ctx.saved_tensors
+        g = grad_y * weight
+        # ema_gz is kept at the whole batch's gradient scale, a process's own gradients are `world` times it (see
+        # ``processes``), so the buffer does not depend on the number of processes.
+        world = processes() if pn.sync else 1
+        approx = g - (1 - pn.alpha_bkw) * world * pn.ema_gz * z
+        # add_, not +=: += also sets the module's attribute, a side effect compile cannot keep inside the function.
+        pn.ema_gz.add_(pn.reduce((approx * z).sum(dim=0)) / ctx.count / world)
+        gx = approx / torch.sqrt(var + pn.eps)
+        return gx, (grad_y * z).sum(dim=0), grad_y.sum(dim=0), None
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 
 def close(actual, expected, msg):
@@ -90,10 +130,14 @@ def close(actual, expected, msg):
     torch.testing.assert_close(actual, expected, atol=ATOL * scale, rtol=RTOL, msg=msg)
 
 
-def step(un: UnifiedNorm, function, x: torch.Tensor, grad_y: torch.Tensor) -> dict[str, torch.Tensor]:
-    """One training step of ``un`` through ``function``: its output and the three gradients."""
+def step(un: torch.nn.Module, function, x: torch.Tensor, grad_y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One training step of the norm ``un`` (UN or PowerNorm) through ``function``: output and the three
+    gradients."""
     patch = pytest.MonkeyPatch()
-    patch.setattr(unified_norm, "_UNFunction", function)
+    if isinstance(un, PowerNorm):
+        patch.setattr(powernorm, "_PowerFunction", function)
+    else:
+        patch.setattr(unified_norm, "_UNFunction", function)
     try:
         x = x.clone().requires_grad_()
         un.weight.grad = un.bias.grad = None
@@ -128,7 +172,28 @@ def test_un_with_fewer_ops_equals_the_version_before(filtration, exact_warmup):
     close(new(x), old(x), "eval")
 
 
-def test_un_with_fewer_ops_runs_fewer_ops():
+@pytest.mark.parametrize("groups", [1, 2])
+def test_powernorm_with_fewer_ops_equals_the_version_before(groups):
+    torch.manual_seed(0)
+    new = PowerNorm(C, groups=groups, warmup_iters=4, sync=False)
+    with torch.no_grad():
+        new.weight.normal_(1.0, 0.3)
+        new.bias.normal_(0.0, 0.3)
+    old = copy.deepcopy(new)
+    for i in range(10):  # the warmup's cumulative average, then the EMA alone
+        x, grad_y = torch.randn(3, 5, C) * (1.0 + 0.2 * i), torch.randn(3, 5, C)
+        got, expected = step(new, powernorm._PowerFunction, x, grad_y), step(old, ReferencePowerFunction, x, grad_y)
+        for name in expected:
+            close(got[name], expected[name], f"step {i}: {name}")
+        for (name, buffer), (_, reference) in zip(new.named_buffers(), old.named_buffers(), strict=True):
+            close(buffer.float(), reference.float(), f"step {i}: buffer {name}")
+    assert int(new.iters) > new.warmup_iters
+    new.eval(), old.eval()
+    x = torch.randn(2, 4, C)
+    close(new(x), old(x), "eval")
+
+
+def test_un_and_powernorm_with_fewer_ops_run_fewer_ops():
     """What the rewrite is for: fewer operator calls per training step (each a launch on a GPU)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -139,10 +204,15 @@ def test_un_with_fewer_ops_runs_fewer_ops():
             Count.calls += 1
             return func(*args, **(kwargs or {}))
 
-    counts = {}
-    for label, function in (("new", unified_norm._UNFunction), ("old", ReferenceUNFunction)):
-        un, Count.calls = UnifiedNorm(C, sync=False), 0
+    def calls(norm: torch.nn.Module, function) -> int:
+        Count.calls = 0
         with Count():
-            step(un, function, torch.randn(3, 5, C), torch.randn(3, 5, C))
-        counts[label] = Count.calls
-    assert counts["new"] <= counts["old"] - 8, counts
+            step(norm, function, torch.randn(3, 5, C), torch.randn(3, 5, C))
+        return Count.calls
+
+    un = {"new": calls(UnifiedNorm(C, sync=False), unified_norm._UNFunction),
+          "old": calls(UnifiedNorm(C, sync=False), ReferenceUNFunction)}
+    assert un["new"] <= un["old"] - 8, un
+    power = {"new": calls(PowerNorm(C, sync=False), powernorm._PowerFunction),
+             "old": calls(PowerNorm(C, sync=False), ReferencePowerFunction)}
+    assert power["new"] <= power["old"] - 4, power
