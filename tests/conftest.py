@@ -22,11 +22,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # The files that take longest (over 35 s, measured with the whole default run on 3 workers, 2026-12-02), longest
 # first. xdist hands out the files with the most tests first; these go before them, so that the last file a worker
 # runs is a short one and no worker waits alone at the end (a file holding 2-process tests ran alone for 100 s).
-LONGEST_FIRST = ("test_sweep.py", "test_resume.py", "test_recipes.py", "test_overlays.py",
-                 "test_sharded_checkpoints.py", "test_distributed.py", "test_tracking_distributed.py",
-                 "test_diagnostics.py", "test_coord_check.py", "test_tracking.py", "test_gpu_check.py",
-                 "test_compare.py", "test_kernels.py", "test_cli.py", "test_tracking_faults.py",
-                 "test_compile_graphs.py", "test_every_plugin.py")
+LONGEST_FIRST = ("test_sweep.py", "test_resume.py", "test_recipes.py", "test_sharded_checkpoints.py",
+                 "test_distributed.py", "test_coord_check.py", "test_gpu_check.py", "test_diagnostics.py",
+                 "test_overlays.py", "test_tracking.py", "test_kernels.py", "test_tracking_distributed.py",
+                 "test_compare.py", "test_tracking_faults.py", "test_scaling.py", "test_compile_graphs.py",
+                 "test_every_plugin.py")
 
 
 @pytest.hookimpl(optionalhook=True)
