@@ -148,6 +148,23 @@ def step(un: torch.nn.Module, function, x: torch.Tensor, grad_y: torch.Tensor) -
     return {"output": y.detach(), "input grad": x.grad, "weight grad": un.weight.grad, "bias grad": un.bias.grad}
 
 
+def assert_steps_agree(new: torch.nn.Module, function, reference, scales: list[float]) -> torch.nn.Module:
+    """Trains ``new`` through ``function`` and a copy of it through ``reference``, one step per input scale, and holds
+    every step's output, gradients and buffers, then the eval output, equal to fp32 rounding. Returns the copy."""
+    old = copy.deepcopy(new)
+    for i, scale in enumerate(scales):
+        x, grad_y = torch.randn(3, 5, C) * scale, torch.randn(3, 5, C)
+        got, expected = step(new, function, x, grad_y), step(old, reference, x, grad_y)
+        for name in expected:
+            close(got[name], expected[name], f"step {i}: {name}")
+        for (name, buffer), (_, kept) in zip(new.named_buffers(), old.named_buffers(), strict=True):
+            close(buffer.float(), kept.float(), f"step {i}: buffer {name}")
+    new.eval(), old.eval()
+    x = torch.randn(2, 4, C)
+    close(new(x), old(x), "eval")
+    return old
+
+
 @pytest.mark.parametrize("filtration", [False, True])
 @pytest.mark.parametrize("exact_warmup", [False, True])
 def test_un_with_fewer_ops_equals_the_version_before(filtration, exact_warmup):
@@ -157,19 +174,10 @@ def test_un_with_fewer_ops_equals_the_version_before(filtration, exact_warmup):
     with torch.no_grad():
         new.weight.normal_(1.0, 0.3)
         new.bias.normal_(0.0, 0.3)
-    old = copy.deepcopy(new)
-    for i in range(12):
-        scale = 30.0 if i == 9 else 1.0 + 0.2 * i  # step 9: a batch far off the window's statistics
-        x, grad_y = torch.randn(3, 5, C) * scale, torch.randn(3, 5, C)
-        got, expected = step(new, unified_norm._UNFunction, x, grad_y), step(old, ReferenceUNFunction, x, grad_y)
-        for name in expected:
-            close(got[name], expected[name], f"step {i}: {name}")
-        for (name, buffer), (_, reference) in zip(new.named_buffers(), old.named_buffers(), strict=True):
-            close(buffer.float(), reference.float(), f"step {i}: buffer {name}")
+    # step 9: a batch far off the window's statistics
+    old = assert_steps_agree(new, unified_norm._UNFunction, ReferenceUNFunction,
+                             [30.0 if i == 9 else 1.0 + 0.2 * i for i in range(12)])
     assert int(new.skip_counter) == int(old.skip_counter) and (int(old.skip_counter) > 0) == filtration
-    new.eval(), old.eval()
-    x = torch.randn(2, 4, C)
-    close(new(x), old(x), "eval")
 
 
 @pytest.mark.parametrize("groups", [1, 2])
@@ -179,18 +187,9 @@ def test_powernorm_with_fewer_ops_equals_the_version_before(groups):
     with torch.no_grad():
         new.weight.normal_(1.0, 0.3)
         new.bias.normal_(0.0, 0.3)
-    old = copy.deepcopy(new)
-    for i in range(10):  # the warmup's cumulative average, then the EMA alone
-        x, grad_y = torch.randn(3, 5, C) * (1.0 + 0.2 * i), torch.randn(3, 5, C)
-        got, expected = step(new, powernorm._PowerFunction, x, grad_y), step(old, ReferencePowerFunction, x, grad_y)
-        for name in expected:
-            close(got[name], expected[name], f"step {i}: {name}")
-        for (name, buffer), (_, reference) in zip(new.named_buffers(), old.named_buffers(), strict=True):
-            close(buffer.float(), reference.float(), f"step {i}: buffer {name}")
+    # the warmup's cumulative average, then the EMA alone
+    assert_steps_agree(new, powernorm._PowerFunction, ReferencePowerFunction, [1.0 + 0.2 * i for i in range(10)])
     assert int(new.iters) > new.warmup_iters
-    new.eval(), old.eval()
-    x = torch.randn(2, 4, C)
-    close(new(x), old(x), "eval")
 
 
 def test_un_and_powernorm_with_fewer_ops_run_fewer_ops():
