@@ -8,7 +8,7 @@ a tile of rows of h and b once and writes the new stream and the normalised bran
 Forward, per row (rb, rm are the inverse norms, clamped as ``l2_normalize``: 1/max(|.|, eps)):
     bn = b rb;  m = h + a (bn - h);  out = m rm
 Backward, given g (for out) and gb (for bn, when something read the branch):
-    dm = rm g - rm^3 m <g, m>          (no projection term where the clamp is active)
+    dm = rm g - rm^3 m <g, m>          (no projection term where the clamp is active, equality included)
     dh = (1 - a) dm;  dbn = a dm + gb;  da = sum over rows of dm (bn - h)
     db = rb dbn - rb^3 b <dbn, b>
 Saved: h, b and a (b at its own width: bf16 under autocast); m, rb, rm are recomputed from them. da is summed
@@ -76,14 +76,14 @@ if tl is not None:
             m = h + a[None, :] * (bn - h)
             m_sq = tl.sum(m * m, axis=1)
             rm = tl.rsqrt(tl.maximum(m_sq, eps_h_sq))
-            proj_m = tl.where(m_sq >= eps_h_sq, rm * rm * rm * tl.sum(g * m, axis=1), 0.0)
+            proj_m = tl.where(m_sq > eps_h_sq, rm * rm * rm * tl.sum(g * m, axis=1), 0.0)
             dm = g * rm[:, None] - m * proj_m[:, None]
             da += tl.sum(dm * (bn - h), axis=0)
             dbn = dm * a[None, :]
             if HAS_BRANCH_GRAD:
                 gb = tl.load(gb_ptr + rows[:, None] * gb_stride + cols[None, :], mask=mask, other=0.0)
                 dbn += gb.to(tl.float32)
-            proj_b = tl.where(b_sq >= eps_b_sq, rb * rb * rb * tl.sum(dbn * b, axis=1), 0.0)
+            proj_b = tl.where(b_sq > eps_b_sq, rb * rb * rb * tl.sum(dbn * b, axis=1), 0.0)
             db = dbn * rb[:, None] - b * proj_b[:, None]
             offsets = rows[:, None] * n_cols + cols[None, :]
             tl.store(dh_ptr + offsets, (dm - a[None, :] * dm).to(dh_ptr.dtype.element_ty), mask=mask)

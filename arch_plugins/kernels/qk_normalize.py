@@ -66,7 +66,7 @@ if tl is not None:
             if HAS_SCALE:
                 ds2 += tl.sum(g * x * r[:, None], axis=0)
             gy = g * s2[None, :]
-            proj = tl.where(x_sq >= eps_sq, r * r * r * tl.sum(gy * x, axis=1), 0.0)
+            proj = tl.where(x_sq > eps_sq, r * r * r * tl.sum(gy * x, axis=1), 0.0)
             dx = gy * r[:, None] - x * proj[:, None]
             out = batch_head.to(tl.int64) * n_time * head_dim + time[:, None] * head_dim + cols[None, :]
             tl.store(dx_ptr + out, dx.to(dx_ptr.dtype.element_ty), mask=mask)

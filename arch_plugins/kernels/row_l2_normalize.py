@@ -4,8 +4,8 @@ The eager path (``arch_plugins.norms.hypersphere.l2_normalize``) casts to fp32, 
 rsqrt and multiplies: five passes over the row in eager mode. Here one program holds whole rows in registers.
 Output dtype: at least fp32, as the eager path's (the nGPT stream stays fp32 under bf16 autocast).
 
-Backward (y = x r, r = 1/max(|x|, eps)): dx = r g - r^3 x <g, x> where |x| >= eps, dx = r g where the clamp
-is active (then r is the constant 1/eps). Only x is saved; r is recomputed from it in the same read.
+Backward (y = x r, r = 1/max(|x|, eps)): dx = r g - r^3 x <g, x> where |x| > eps, dx = r g where the clamp
+is active, at equality too (then r is the constant 1/eps). Only x is saved; r is recomputed from it in the same read.
 """
 
 import torch
@@ -39,8 +39,8 @@ if tl is not None:
         g = tl.load(g_ptr + rows[:, None] * g_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         sum_sq = tl.sum(x * x, axis=1)
         r = tl.rsqrt(tl.maximum(sum_sq, eps_sq))
-        # The clamp's gradient passes where sum_sq >= eps^2 (torch's clamp_min), else r is a constant.
-        proj = tl.where(sum_sq >= eps_sq, r * r * r * tl.sum(g * x, axis=1), 0.0)
+        # The clamp's gradient passes where sum_sq > eps^2 (torch's clamp_min: none at equality), else r is a constant.
+        proj = tl.where(sum_sq > eps_sq, r * r * r * tl.sum(g * x, axis=1), 0.0)
         dx = g * r[:, None] - x * proj[:, None]
         tl.store(dx_ptr + rows[:, None] * n_cols + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
