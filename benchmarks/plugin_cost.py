@@ -103,9 +103,12 @@ CAUSES = {
     "norm=prepbn": "RMSNorm and a hand-written two-pass BatchNorm at every site (§2.5)",
     "clipped softmax": "off the fused attention kernel onto a materialised (B, H, T, T) path, now in the compute "
                        "dtype (FlexAttention's two-pass form refuses backward on a CPU: not built) (§2.6)",
-    "recipe=gpt_ngpt": "6-op l2_normalize chains, full-size scales, renormalisation after each step (§2.7)",
-    "norm=hypersphere": "l2_normalize (now F.normalize) at 4 sites per layer and on q/k; full-size scales not "
-                        "folded (§2.7)",
+    "recipe=gpt_ngpt": "as the hypersphere norm; its lerp now has lerp's derivatives written out; the weights' "
+                       "renormalisation after each step is 104 optimizer-phase ops (§2.7)",
+    "norm=hypersphere": "the unit normalisation's backward now in closed form; saved: the MLP hidden in fp32 "
+                        "(the fp32 s_uv promotes u|v under autocast, as NVIDIA's reference does: 1.21 GB over the "
+                        "baseline's bf16 SwiGLU), the bf16 logits kept for s_z's gradient (0.82 GB), q and k's unit "
+                        "vectors in fp32 (0.60 GB) (§2.7)",
     "projection=pattention": "now q|k|v in one key GEMM, a segmented Θ and one batched value GEMM; left: Θ's "
                              "norm, scale and GeLU as eager ops in 4 Pattentions a layer; +21% FLOPs (§2.8)",
     "residual=laurel_rw_lr_pa": "now one batched down GEMM, one up-GEMM and one epilogue; left: 8 parameters a "
