@@ -106,8 +106,10 @@ CAUSES = {
     "recipe=gpt_ngpt": "6-op l2_normalize chains, full-size scales, renormalisation after each step (§2.7)",
     "norm=hypersphere": "l2_normalize (now F.normalize) at 4 sites per layer and on q/k; full-size scales not "
                         "folded (§2.7)",
-    "projection=pattention": "now q|k|v in one key GEMM, a segmented Θ and one batched value GEMM; left: Θ's "
-                             "norm, scale and GeLU as eager ops in 4 Pattentions a layer; +21% FLOPs (§2.8)",
+    "projection=pattention": "now q|k|v in one key GEMM, a segmented Θ and one batched value GEMM, and Θ one "
+                             "autograd node that keeps z, not the scores too; left: two GEMMs and two token sets "
+                             "(their casts and gradients) per projection, Θ's norm and scale as small ops; +21% "
+                             "FLOPs (§2.8)",
     "residual=laurel_rw_lr_pa": "now one batched down GEMM, one up-GEMM and one epilogue; left: 8 parameters a "
                                 "layer (their casts, detaches and gradients) and the streams' bf16 casts (§2.11)",
     "norm=seednorm": "4 extra full-size passes per site around the fused RMSNorm (§1)",
