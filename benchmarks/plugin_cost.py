@@ -109,8 +109,10 @@ CAUSES = {
                         "(the fp32 s_uv promotes u|v under autocast, as NVIDIA's reference does: 1.21 GB over the "
                         "baseline's bf16 SwiGLU), the bf16 logits kept for s_z's gradient (0.82 GB), q and k's unit "
                         "vectors in fp32 (0.60 GB) (§2.7)",
-    "projection=pattention": "now q|k|v in one key GEMM, a segmented Θ and one batched value GEMM; left: Θ's "
-                             "norm, scale and GeLU as eager ops in 4 Pattentions a layer; +21% FLOPs (§2.8)",
+    "projection=pattention": "now q|k|v in one key GEMM, a segmented Θ and one batched value GEMM, and Θ one "
+                             "autograd node that keeps z, not the scores too; left: two GEMMs and two token sets "
+                             "(their casts and gradients) per projection, Θ's norm and scale as small ops; +21% "
+                             "FLOPs (§2.8)",
     "residual=laurel_rw_lr_pa": "now one batched down GEMM, one up-GEMM and one epilogue; left: 8 parameters a "
                                 "layer (their casts, detaches and gradients) and the streams' bf16 casts (§2.11)",
     "norm=seednorm": "4 extra full-size passes per site around the fused RMSNorm (§1)",

@@ -17,6 +17,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from arch_plugins.declarations import ROLE_GROUPS, declare_role, declare_unit_norm
 from arch_plugins.interfaces import Concat, Kind, ProjectionType, Role, StackInfo
@@ -33,18 +34,59 @@ def theta(scores: torch.Tensor, activation: Activation, scale: float | torch.Ten
     broadcasts against the scores' leading dims with a trailing 1 (the fused q|k|v path gives one per segment).
     """
     if activation == "l2_norm_gelu":
-        # One (T, 1) factor and one multiply over (T, n): cheaper than dividing then scaling.
-        # The factor in the scores' dtype: under bf16 autocast the norm comes out fp32, and multiplying by it would
-        # promote the whole (T, n) product and GeLU to fp32 (a write twice the size, and a cast back for the next
-        # GEMM). TokenFormer's reference runs the whole model in bf16, norm included; in fp32 nothing changes.
-        factor = scale / (torch.linalg.vector_norm(scores, dim=-1, keepdim=True) + eps)
-        return F.gelu(scores * factor.to(scores.dtype))
+        if isinstance(scale, torch.Tensor) and scale.requires_grad:
+            raise ValueError("Θ's scale gets no gradient (it is the scale_tokens buffer's square root); detach it")
+        return L2NormGelu.apply(scores, scale, eps)
     if activation == "gelu_l2_norm":
         g = F.gelu(scores)
         return g * (scale / (torch.linalg.vector_norm(g, dim=-1, keepdim=True) + eps))
     if activation == "softmax":
         return torch.softmax(scores, dim=-1) * scale ** 2  # exp(A) / ||exp(A)||_1 * n
     raise ValueError(f"unknown Pattention activation {activation!r}; use l2_norm_gelu, gelu_l2_norm or softmax")
+
+
+class L2NormGelu(torch.autograd.Function):
+    """Θ = GeLU(A * f) with f = scale / (|A| + eps) per row of the scores A, as one autograd node.
+
+    The forward is the eager chain's, op for op (the same values bit for bit). Left to autograd, the chain's
+    backward is 13-16 small ops (the norm's, the division's, the casts') and it keeps both A and z = A * f at full
+    size; here the backward is the exact derivative from z, f and |A| alone (9-10 ops), so A is not kept:
+
+        dA = f dz - z <dz, z> / (scale |A|),   dz = g GeLU'(z)
+
+    The second term is the norm's: d f / d|A| = -f / (|A| + eps) and d|A| / dA = A / |A|, rewritten in z (f times
+    (|A| + eps) is the scale). Where |A| = 0 it is 0, as torch's norm has it (z and <dz, z> are 0 there too).
+    ``scale`` gets no gradient: it is the ``scale_tokens`` buffer's square root.
+    """
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, scale: float | torch.Tensor, eps: float) -> torch.Tensor:
+        norm = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
+        # One (T, 1) factor and one multiply over (T, n): cheaper than dividing then scaling.
+        # The factor in the scores' dtype: under bf16 autocast the norm comes out fp32, and multiplying by it would
+        # promote the whole (T, n) product and GeLU to fp32 (a write twice the size, and a cast back for the next
+        # GEMM). TokenFormer's reference runs the whole model in bf16, norm included; in fp32 nothing changes.
+        factor = (scale / (norm + eps)).to(scores.dtype)
+        z = scores * factor
+        # A tensor scale is saved with the rest (a few bytes), so that saved_tensors_hooks see every tensor kept.
+        if isinstance(scale, torch.Tensor):
+            ctx.save_for_backward(z, factor, norm, scale)
+        else:
+            ctx.save_for_backward(z, factor, norm)
+            ctx.scale = scale
+        return F.gelu(z)
+
+    @staticmethod
+    @once_differentiable  # a second derivative through the hand-written backward would be wrong
+    def backward(ctx, grad: torch.Tensor):
+        z, factor, norm, *scale = ctx.saved_tensors
+        scale = scale[0] if scale else ctx.scale
+        dz = torch.ops.aten.gelu_backward(grad, z)
+        dot = (dz * z).sum(-1, keepdim=True)
+        # inf where |A| = 0: the term is 0 there (dot is 0), not 0 / 0. masked_fill, not torch.where with a number,
+        # which makes the number a tensor first (an op).
+        coef = (dot / (scale * norm).masked_fill(norm == 0, math.inf)).to(z.dtype)
+        return torch.addcmul(dz * factor, z, coef, value=-1), None, None
 
 
 def check_theta_kernel(kernel: str, activation: Activation) -> str:
@@ -175,7 +217,8 @@ class FusedPattentions(Concat):
         scale = torch.stack([p.scale_tokens for p in self.parts]).sqrt().unsqueeze(-1)  # (parts, 1)
         weights = theta(scores, first.activation, scale, first.eps)
         values = torch.stack([p.value_param_tokens for p in self.parts])  # (parts, n, d_out)
-        out = weights.reshape(-1, *weights.shape[-2:]).transpose(0, 1) @ values  # (parts, tokens, d_out)
+        # bmm, not @: matmul of two 3-d tensors is bmm wrapped in expands and views, 5 ops forward and 3 backward.
+        out = torch.bmm(weights.reshape(-1, *weights.shape[-2:]).transpose(0, 1), values)  # (parts, tokens, d_out)
         return out.transpose(0, 1).reshape(*x.shape[:-1], -1)  # (..., parts x d_out): [q | k | v]
 
 
