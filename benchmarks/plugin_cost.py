@@ -113,8 +113,10 @@ CAUSES = {
                              "autograd node that keeps z, not the scores too; left: two GEMMs and two token sets "
                              "(their casts and gradients) per projection, Θ's norm and scale as small ops; +21% "
                              "FLOPs (§2.8)",
-    "residual=laurel_rw_lr_pa": "now one batched down GEMM, one up-GEMM and one epilogue; left: 8 parameters a "
-                                "layer (their casts, detaches and gradients) and the streams' bf16 casts (§2.11)",
+    "residual=laurel_rw_lr_pa": "now one batched down GEMM, one up-GEMM (their backward written out, each weight's "
+                                "gradient in its own layout) and one epilogue; left: 8 parameters a layer (their "
+                                "casts, detaches and gradients), the scalars' small ops and the streams' bf16 casts "
+                                "(§2.11)",
     "norm=seednorm": "4 extra full-size passes per site around the fused RMSNorm (§1)",
     "qk_norm + logit soft-cap": "this audit's whole-logits loss caps the full fp32 logits (a fit's chunked loss now "
                                 "caps inside its cross-entropy: memory.md); QK-norm now in the activations' dtype: one "

@@ -1,9 +1,9 @@
 """Do issue 43's rewritten plugins train to the same losses as before? A 4-seed sweep, one commit per run.
 
 Issue 43 rewrote plugins for speed (AttnRes, hyper-connections, mHC, PRepBN, Pre-RMSNorm and Pre-CRMSNorm, 3PT, the
-hypersphere norm, PowerNorm, SeeDNorm, SSNorm on native ops; UN with fewer ops; Muon batched; Pattention's Θ as one
-autograd node) on the promise that the math does not change. Each rewrite has an equality test of one forward and
-backward; this trains. Per contender and
+hypersphere norm, PowerNorm, SeeDNorm, SSNorm on native ops; UN and LAUREL with fewer ops; Muon batched; Pattention's
+Θ as one autograd node; the nGPT normalisation and lerp with written-out backwards) on the promise that the math
+does not change. Each rewrite has an equality test of one forward and backward; this trains. Per contender and
 seed (0-3): the reproduction's text model (``plugin_step_cpu``'s size: d 128, 8 layers, 4 heads, 16 x 64 tokens;
 3PT at its recipe's d 192, 6 heads) built from the seed, ``--steps`` steps of the project's optimizer (AdamW, or
 Muon for its row; lr 2e-3, weight decay 0.1, betas (0.9, 0.95), gradient norm clipped to 1.0 as the recipe does) on
@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "lit" / "data" / "tinyshakespeare.txt"
 REWRITTEN = ("norm=3pt", "norm=hypersphere", "norm=powernorm", "norm=precrmsnorm", "norm=prermsnorm", "norm=prepbn",
              "norm=seednorm", "norm=ssnorm", "norm=un", "residual=attnres", "residual=attnres_block",
-             "residual=hyperconn", "residual=hyperconn_static", "residual=mhc", "optimizer=muon", "recipe=gpt_ngpt",
-             "projection=pattention")
+             "residual=hyperconn", "residual=hyperconn_static", "residual=laurel_rw_lr_pa", "residual=mhc",
+             "optimizer=muon", "recipe=gpt_ngpt", "projection=pattention")
 SEEDS = (0, 1, 2, 3)
 TOLERANCE = 1e-4  # issue 43: the same per-seed losses as before to 1e-4
 LR, WEIGHT_DECAY, BETAS, CLIP = 2e-3, 0.1, (0.9, 0.95), 1.0
