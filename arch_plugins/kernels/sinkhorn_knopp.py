@@ -165,3 +165,9 @@ _forward_op.register_autograd(_backward, setup_context=_setup_context)
 def sinkhorn_knopp(logits: torch.Tensor, iters: int, eps: float = 1e-6) -> torch.Tensor:
     """The fused op: (..., n, n) logits to doubly stochastic matrices, as the residual's ``sinkhorn_knopp``."""
     return _forward_op(logits, iters, eps)
+
+
+def sinkhorn_knopp_backward(logits: torch.Tensor, grad: torch.Tensor, iters: int, eps: float = 1e-6) -> torch.Tensor:
+    """The fused backward op on its own: the logits' gradient given the output's, for a caller that runs the
+    forward inside an autograd node of its own (mHC's coefficients and mix) and so differentiates it by hand."""
+    return _backward_op(logits, grad, iters, eps)

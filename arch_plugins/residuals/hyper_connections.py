@@ -32,6 +32,7 @@ import math
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from arch_plugins.declarations import declare_role, declare_roles, declare_weight_decay
 from arch_plugins.init_identity import InitIdentity
@@ -44,42 +45,203 @@ class StreamMixing(ResidualMerge):
     M is (n + 1) x n (static, or one per token), indexed [row, source stream]: row 0 is what the branch reads, rows
     1..n the streams before the branch is added; b (n) is how much of the branch each stream receives. Per sublayer
     the coefficients are computed once and the streams mixed once, M H giving the branch input and the mixed
-    streams together; the merge then adds b_t f. Subclasses say how M and b are made (``mixing_weights``).
+    streams together; the merge then adds b_t f. Subclasses say how M and b are made (``connect``), each as one
+    autograd node with a hand-written backward over the coefficients and the mix: autograd through the coefficients'
+    small ops on (tokens, n, n + 2) tensors dispatched more than two backward ops per forward op (broadcast sums,
+    slice scatters, detaches of saved outputs), each a kernel launch on a GPU (issue 43).
 
-    ``branch_input`` keeps (H, M H, b) for the merge of the same sublayer, which the block calls next with the same
-    H: that call uses them and forgets them. A merge called on other streams (or alone) computes them again.
+    ``branch_input`` keeps (H, mixed streams, b) for the merge of the same sublayer, which the block calls next with
+    the same H: that call uses them and forgets them. A merge called on other streams (or alone) computes them
+    again.
     """
 
     _pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def mixing_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(M, b): M (n + 1, n) static or (..., n + 1, n) per token; b (n,) or (..., n)."""
+    def connect(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(branch input (..., d), mixed streams (..., n, d), b as a column: (..., n, 1) per token or (n, 1))."""
         raise NotImplementedError
 
-    def _mixed(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mixing, beta = self.mixing_weights(h)
-        return mix(mixing, h), beta
-
     def branch_input(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
-        mixed, beta = self._mixed(h)
+        branch, mixed, beta = self.connect(h)
         self._pending = (h, mixed, beta)
-        # A copy (one N x d pass): the sublayer keeps its input for the backward, and a view would keep the whole
-        # (n + 1)-row mix alive with it, one more copy of the streams per sublayer until the backward.
-        return mixed[..., 0, :].contiguous()
+        return branch
 
     def forward(self, h: torch.Tensor, branch: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] is h:
             _, mixed, beta = pending
         else:
-            mixed, beta = self._mixed(h)
-        return torch.addcmul(mixed[..., 1:, :], beta.to(h.dtype).unsqueeze(-1), branch.to(h.dtype).unsqueeze(-2))
+            _, mixed, beta = self.connect(h)
+        return _Merge.apply(mixed, beta, branch)
 
     def __getstate__(self):
         # Copies and pickles never carry one forward pass's streams (a deepcopy of non-leaf tensors would fail).
         state = dict(super().__getstate__())
         state.pop("_pending", None)
         return state
+
+
+def upcasts_exactly(source: torch.dtype, target: torch.dtype) -> bool:
+    """Whether ``source`` values are ``target`` values (bf16 or fp16 into float32, any of them into float64), so
+    that an op's type promotion to ``target`` reads them as a cast would, with no copy."""
+    return source == target or (source.is_floating_point and target in (torch.float32, torch.float64)
+                                and source.itemsize < target.itemsize)
+
+
+class _Merge(torch.autograd.Function):
+    """H_t <- mixed_t + b_t f, one addcmul, with autograd's backward for it written out: autograd's multiplies the
+    branch (and b) by addcmul's value, 1, before using them, a pass over the branch and an op for nothing."""
+
+    @staticmethod
+    def forward(ctx, mixed: torch.Tensor, beta: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+        ctx.dtypes = beta.dtype, branch.dtype
+        beta = beta.to(mixed.dtype)
+        # A bf16 branch into float32 streams is an exact upcast, which addcmul's type promotion does as it reads: no
+        # float32 copy of the branch (nor one kept for the backward). Any other mismatch rounds, as before.
+        if not upcasts_exactly(branch.dtype, mixed.dtype):
+            branch = branch.to(mixed.dtype)
+        row = branch.unsqueeze(-2)
+        ctx.save_for_backward(beta, row)
+        return torch.addcmul(mixed, beta, row)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: torch.Tensor):
+        beta, row = ctx.saved_tensors
+        beta_dtype, branch_dtype = ctx.dtypes
+        return g, (g * row).sum_to_size(beta.shape).to(beta_dtype), (g * beta).sum(-2).to(branch_dtype)
+
+
+def mix(rows: torch.Tensor, streams: torch.Tensor, lead: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+    """M H for (N, n + 1, n) rows M and (N, n, d) streams H (N tokens, ``lead`` their shape): the branch input
+    (*lead, d) and the mixed streams (*lead, n, d), in the streams' dtype. Call it with autocast off: it would run
+    the matmul in bf16 and round the carried streams, which the plain residual keeps in float32.
+
+    One batched matmul that reads the streams where they lie; a static M comes as a stride-0 batch, never copied.
+    """
+    n, d = streams.shape[-2:]
+    out = torch.bmm(rows, streams).view(*lead, n + 1, d)
+    # A copy (one N x d pass): the sublayer keeps its input for the backward, and a view would keep the whole
+    # (n + 1)-row mix alive with it, one more copy of the streams per sublayer until the backward.
+    return out[..., 0, :].contiguous(), out[..., 1:, :]
+
+
+def mix_grad(g_branch: torch.Tensor, g_mixed: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``mix``'s output rows, (N, n + 1, d), from its two outputs' (``streams`` gives the shape)."""
+    n, d = streams.shape[-2:]
+    return torch.cat([g_branch.reshape(-1, 1, d), g_mixed.reshape(-1, n, d)], dim=1)
+
+
+def autocast_matmul_input(x: torch.Tensor) -> torch.Tensor:
+    """``x`` cast as autocast casts a matmul's input (to its lower dtype, if floating and not float64), done by hand
+    so that the backward can keep the cast copy, as autograd through an autocast matmul keeps it."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.dtype.is_floating_point and x.dtype != torch.float64:
+        return x.to(torch.get_autocast_dtype(device))
+    return x
+
+
+class _StaticConnection(torch.autograd.Function):
+    """``mix`` with a static alpha (n, n + 1), indexed [source, row]: the mixing matrix M is its transpose."""
+
+    @staticmethod
+    def forward(ctx, alpha: torch.Tensor, h: torch.Tensor):
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            # Expanded before the transpose, so that alpha's gradient sums back into alpha's own layout (a
+            # transposed one would be copied when it is accumulated).
+            streams = h.reshape(-1, *h.shape[-2:])
+            expanded = alpha.to(h.dtype).expand(streams.shape[0], *alpha.shape)
+            branch, mixed = mix(expanded.transpose(1, 2), streams, h.shape[:-2])
+        ctx.save_for_backward(expanded, streams)
+        ctx.alpha_dtype = alpha.dtype
+        return branch, mixed
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_branch, g_mixed):
+        expanded, streams = ctx.saved_tensors
+        g_out = mix_grad(g_branch, g_mixed, streams)
+        g_alpha = torch.bmm(streams, g_out.transpose(1, 2)).sum(0).to(ctx.alpha_dtype)
+        g_h = torch.bmm(expanded, g_out).view(g_mixed.shape)
+        return g_alpha, g_h
+
+
+class _DynamicConnection(torch.autograd.Function):
+    """Dynamic hyper-connections' coefficients and mix (``HyperConnection``'s math, one node).
+
+    Forward, per token and stream s (H_s of width d, W = [W_alpha | W_beta], g the norm gain)::
+
+        r       = sqrt(d) / max(|H_s|, 1e-12)
+        D       = tanh(r * (H_s @ (g * W)))        the matmul as autocast runs it (its dtype, inputs cast)
+        alpha   = static_alpha + s_alpha * D[:n+1]   beta = static_beta + s_beta * D[n+1]
+
+    then ``mix`` with M = alpha^T. The backward is autograd's for the same ops, written out: each gradient in the
+    dtype autograd would compute it in, except that the stream's three gradient terms (the mix, the matmul, the
+    norm) are summed before one cast to the stream's dtype (bf16 streams: one rounding where autograd has three).
+    """
+
+    @staticmethod
+    def forward(ctx, h, gain, w_alpha, w_beta, s_alpha, s_beta, static_alpha, static_beta, tanh: bool):
+        lead, (n, d) = h.shape[:-2], h.shape[-2:]
+        streams = h.reshape(-1, n, d)
+        norm = torch.linalg.vector_norm(streams, dim=-1, keepdim=True)
+        inverse = math.sqrt(d) / norm.clamp_min(1e-12)
+        weight = torch.cat([w_alpha, w_beta.unsqueeze(-1)], dim=-1)
+        gain_column = gain.unsqueeze(-1)
+        # Cast before the reshape: the first block's streams are one stream expanded (stride 0), which the cast
+        # makes contiguous, so that only a float32 matmul copies them.
+        h_mm = autocast_matmul_input(streams).reshape(-1, d)
+        w_mm = autocast_matmul_input((gain_column * weight).to(h.dtype))
+        product = torch.mm(h_mm, w_mm).view(-1, n, n + 2)
+        dynamic = product * inverse
+        if tanh:
+            dynamic = dynamic.tanh()
+        d_alpha, d_beta = dynamic[..., :-1], dynamic[..., -1:]
+        alpha = static_alpha + d_alpha * s_alpha  # (N, n, n + 1)
+        beta = static_beta.unsqueeze(-1) + d_beta * s_beta  # (N, n, 1)
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            alpha_h = alpha.to(h.dtype)
+            branch, mixed = mix(alpha_h.transpose(1, 2), streams, lead)
+        ctx.tanh = tanh
+        ctx.dtypes = (h.dtype, gain.dtype, s_alpha.dtype, s_beta.dtype, static_alpha.dtype, static_beta.dtype,
+                      alpha.dtype, weight.dtype)
+        ctx.save_for_backward(streams, h_mm, w_mm, weight, gain, gain_column, norm, inverse, product, dynamic,
+                              d_alpha, d_beta, s_alpha, s_beta, alpha_h)
+        return branch, mixed, beta.view(*lead, n, 1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_branch, g_mixed, g_beta):
+        (streams, h_mm, w_mm, weight, gain, gain_column, norm, inverse, product, dynamic, d_alpha, d_beta, s_alpha,
+         s_beta, alpha_h) = ctx.saved_tensors
+        h_dtype, gain_dtype, s_alpha_dtype, s_beta_dtype, static_alpha_dtype, static_beta_dtype, alpha_dtype, \
+            weight_dtype = ctx.dtypes
+        n, d = streams.shape[-2:]
+        g_out = mix_grad(g_branch, g_mixed, streams)
+        g_alpha = torch.bmm(streams, g_out.transpose(1, 2)).to(alpha_dtype)  # (N, n, n + 1)
+        g_beta = g_beta.reshape(-1, n, 1)
+        g_static_alpha = g_alpha.sum(0).to(static_alpha_dtype)
+        g_static_beta = g_beta.sum((0, 2)).to(static_beta_dtype)
+        g_alpha, g_beta = g_alpha.to(dynamic.dtype), g_beta.to(dynamic.dtype)
+        g_s_alpha = (g_alpha * d_alpha).sum().to(s_alpha_dtype)
+        g_s_beta = (g_beta * d_beta).sum().to(s_beta_dtype)
+        g_dynamic = torch.cat([g_alpha * s_alpha, g_beta * s_beta], dim=-1)
+        if ctx.tanh:
+            g_dynamic = torch.ops.aten.tanh_backward(g_dynamic, dynamic)
+        g_product = (g_dynamic * inverse).to(product.dtype)
+        g_inverse = (g_dynamic * product).sum(-1, keepdim=True).to(inverse.dtype)
+        g_product_2d = g_product.view(-1, n + 2)
+        g_h_mm = torch.mm(g_product_2d, w_mm.t()).view(streams.shape).to(h_dtype)
+        g_weighted = torch.mm(h_mm.t(), g_product_2d).to(h_dtype).to(weight_dtype)  # d(g * W)
+        g_w_alpha = g_weighted[:, :-1] * gain_column
+        g_w_beta = g_weighted[:, -1] * gain
+        g_gain = (g_weighted * weight).sum(-1).to(gain_dtype)
+        # r = sqrt(d) / max(|H_s|, 1e-12): dr/dH_s = -(r^2 / sqrt(d)) H_s / |H_s| where |H_s| > 1e-12 (clamp's
+        # gradient), zero elsewhere (which also covers the norm's own 0/0 at H_s = 0).
+        through_norm = (g_inverse * inverse * inverse / norm).masked_fill_(norm <= 1e-12, 0)
+        g_h = torch.addcmul(g_h_mm, through_norm, streams, value=-1 / math.sqrt(d)).to(h_dtype)
+        g_h = torch.baddbmm(g_h, alpha_h, g_out).view(g_mixed.shape)
+        return g_h, g_gain, g_w_alpha, g_w_beta, g_s_alpha, g_s_beta, g_static_alpha, g_static_beta, None
 
 
 class HyperConnection(StreamMixing):
@@ -114,37 +276,13 @@ class HyperConnection(StreamMixing):
             # A matrix, so it decayed before roles existed (the rule was ndim >= 2); kept so that runs compare.
             declare_weight_decay(self, "dynamic_alpha", True)
 
-    def _dynamic(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """tanh(RMSNorm(H) W) with the reference's RMSNorm, x / max(|x|, 1e-12) * sqrt(d) * gain, folded into the
-        small matmul: (H (gain * W)) * sqrt(d) / |H|. The normalised n-wide stream is never materialised."""
-        inverse = math.sqrt(h.shape[-1]) / torch.linalg.vector_norm(h, dim=-1, keepdim=True).clamp_min(1e-12)
-        out = (h @ (self.norm_gain.unsqueeze(-1) * weight).to(h.dtype)) * inverse
-        return out.tanh() if self.tanh else out
-
-    def mixing_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """alpha transposed (the branch's read in row 0, stream s into stream t at [1 + t, s]) and beta: the
-        dynamic parts of both from one norm and one matmul, h @ [W_alpha | W_beta]."""
-        alpha, beta = self.static_alpha, self.static_beta
+    def connect(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.dynamic:
-            dynamic = self._dynamic(h, torch.cat([self.dynamic_alpha, self.dynamic_beta.unsqueeze(-1)], dim=-1))
-            alpha = alpha + dynamic[..., :-1] * self.dynamic_alpha_scale
-            beta = beta + dynamic[..., -1] * self.dynamic_beta_scale
-        return alpha.transpose(-1, -2), beta
-
-
-def mix(mixing: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """out[..., k, :] = sum_s mixing[..., k, s] h[..., s, :], for a static (k, n) or a per-token (..., k, n) mixing.
-
-    Autocast is off: it would run these small matmuls in bf16 and round the carried streams, which the plain
-    residual keeps in float32. A static matrix is broadcast over the tokens (a stride-0 batch, never copied), so
-    both cases are one batched matmul that reads the streams where they lie: einsum's lowering of the static case
-    instead copies the streams into a transposed layout, and that copy was saved for backward.
-    """
-    with torch.autocast(device_type=h.device.type, enabled=False):
-        mixing = mixing.to(h.dtype)
-        if mixing.dim() == 2:
-            mixing = mixing.expand(*h.shape[:-2], *mixing.shape)
-        return torch.matmul(mixing, h)
+            return _DynamicConnection.apply(h, self.norm_gain, self.dynamic_alpha, self.dynamic_beta,
+                                            self.dynamic_alpha_scale, self.dynamic_beta_scale, self.static_alpha,
+                                            self.static_beta, self.tanh)
+        branch, mixed = _StaticConnection.apply(self.static_alpha, h)
+        return branch, mixed, self.static_beta.unsqueeze(-1)
 
 
 class Streams(ResidualStream):

@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles, declare_weight_decay
 from arch_plugins.interfaces import Kind, Role, StackInfo
 from arch_plugins.kernels.dispatch import SINKHORN_KNOPP, check_kernel, use_triton
-from arch_plugins.residuals.hyper_connections import MultiStreamResidual, StreamMixing
+from arch_plugins.residuals.hyper_connections import MultiStreamResidual, StreamMixing, mix, mix_grad
 from arch_plugins.residuals.sinkhorn import sinkhorn_knopp, sinkhorn_knopp_backward  # noqa: F401  (re-exported)
 
 
@@ -78,28 +79,99 @@ class ManifoldConstrainedConnection(StreamMixing):
 
     def coefficients(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(H_pre (..., n), H_post (..., n), H_res (..., n, n), indexed [target, source]) for streams (..., n, d),
-        from one norm and one projection of the streams, in float32."""
-        n = self.streams
+        from one norm and one projection of the streams, in float32 (differentiable as autograd ops; the merge
+        runs the same forward inside one node, ``_Connection``)."""
+        lead, n = h.shape[:-2], self.streams
+        parts = _coefficients(h.reshape(-1, n, h.shape[-1]), self.phi, self.alpha_pre, self.alpha_post,
+                              self.alpha_res, self.bias, self.sinkhorn_iters, self.norm_eps, self.kernel)
+        pre, post_sigmoid, res = parts[-3], parts[-2], parts[-1]
+        return pre.reshape(*lead, n), (2 * post_sigmoid).reshape(*lead, n), res.reshape(*lead, n, n)
+
+    def connect(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _Connection.apply(h, self.phi, self.alpha_pre, self.alpha_post, self.alpha_res, self.bias,
+                                 self.sinkhorn_iters, self.norm_eps, self.kernel)
+
+
+SINKHORN_EPS = 1e-6  # Sinkhorn's sums floored there, as Megatron-LM does (residuals/sinkhorn.py's default)
+
+
+def _coefficients(streams, phi, alpha_pre, alpha_post, alpha_res, bias, iters: int, norm_eps: float, kernel: str):
+    """The coefficients' forward for (N, n, d) streams, in float32 with autocast off: (flattened streams, |x|,
+    1 / (RMS + eps), gates, projection, projection / (RMS + eps), Sinkhorn's logits, whether it ran fused, H_pre,
+    sigmoid of H~_post, H_res), everything ``_Connection``'s backward reads."""
+    n = streams.shape[-2]
+    with torch.autocast(device_type=streams.device.type, enabled=False):
+        flat = streams.float().reshape(streams.shape[0], -1)
+        norm = torch.linalg.vector_norm(flat, dim=-1, keepdim=True)
+        inverse = torch.reciprocal(norm / flat.shape[-1] ** 0.5 + norm_eps)
+        gates = torch.cat([alpha_pre.expand(n), alpha_post.expand(n), alpha_res.expand(n * n)]).float()
+        projection = flat @ phi.float().t()
+        scaled = projection * inverse
+        h_tilde = scaled * gates + bias.float()
+        pre_act, post_act, res_act = h_tilde.split([n, n, n * n], dim=-1)
+        logits = res_act.unflatten(-1, (n, n))
+        fused = use_triton(kernel, SINKHORN_KNOPP, logits)
+        if fused:
+            from arch_plugins.kernels.sinkhorn_knopp import sinkhorn_knopp as fused_sinkhorn_knopp
+
+            res = fused_sinkhorn_knopp(logits, iters, SINKHORN_EPS)
+        else:
+            res = sinkhorn_knopp(logits, iters, SINKHORN_EPS)
+        return (flat, norm, inverse, gates, projection, scaled, logits, fused, pre_act.sigmoid(), post_act.sigmoid(),
+                res)
+
+
+class _Connection(torch.autograd.Function):
+    """mHC's coefficients and mix as one autograd node: the forward of ``_coefficients`` and ``mix`` with
+    M = [H_pre; H_res]; the backward autograd's for the same ops, written out (Sinkhorn's by its own backward,
+    fused or torch, as its autograd would call it). The mix in the streams' dtype, the rest in float32."""
+
+    @staticmethod
+    def forward(ctx, h, phi, alpha_pre, alpha_post, alpha_res, bias, iters: int, norm_eps: float, kernel: str):
+        lead, (n, d) = h.shape[:-2], h.shape[-2:]
+        streams = h.reshape(-1, n, d)
+        flat, norm, inverse, gates, projection, scaled, logits, fused, pre, post_sigmoid, res = _coefficients(
+            streams, phi, alpha_pre, alpha_post, alpha_res, bias, iters, norm_eps, kernel)
         with torch.autocast(device_type=h.device.type, enabled=False):
-            flat = h.float().flatten(-2)
-            inverse_rms = 1.0 / (flat.norm(dim=-1, keepdim=True) / flat.shape[-1] ** 0.5 + self.norm_eps)
-            gates = torch.cat([self.alpha_pre.expand(n), self.alpha_post.expand(n), self.alpha_res.expand(n * n)])
-            h_tilde = (flat @ self.phi.float().t()) * inverse_rms * gates.float() + self.bias.float()
-            pre = torch.sigmoid(h_tilde[..., :n])
-            post = 2 * torch.sigmoid(h_tilde[..., n:2 * n])
-            res_logits = h_tilde[..., 2 * n:].unflatten(-1, (n, n))
-            if use_triton(self.kernel, SINKHORN_KNOPP, res_logits):
-                from arch_plugins.kernels.sinkhorn_knopp import sinkhorn_knopp as fused_sinkhorn_knopp
+            rows = torch.cat([pre.unsqueeze(-2), res], dim=-2).to(h.dtype)
+            branch, mixed = mix(rows, streams, lead)
+            post = 2 * post_sigmoid
+        ctx.iters, ctx.fused = iters, fused
+        ctx.dtypes = (h.dtype, phi.dtype, alpha_pre.dtype, alpha_post.dtype, alpha_res.dtype, bias.dtype)
+        ctx.save_for_backward(streams, flat, phi, norm, inverse, gates, projection, scaled, logits, pre, post_sigmoid,
+                              rows)
+        return branch, mixed, post.view(*lead, n, 1)
 
-                res = fused_sinkhorn_knopp(res_logits, self.sinkhorn_iters)
-            else:
-                res = sinkhorn_knopp(res_logits, self.sinkhorn_iters)
-        return pre, post, res
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_branch, g_mixed, g_post):
+        (streams, flat, phi, norm, inverse, gates, projection, scaled, logits, pre, post_sigmoid,
+         rows) = ctx.saved_tensors
+        h_dtype, phi_dtype, pre_dtype, post_dtype, res_dtype, bias_dtype = ctx.dtypes
+        n = streams.shape[-2]
+        g_out = mix_grad(g_branch, g_mixed, streams)
+        g_rows = torch.bmm(g_out, streams.transpose(1, 2)).float()
+        if ctx.fused:
+            from arch_plugins.kernels.sinkhorn_knopp import sinkhorn_knopp_backward as fused_sinkhorn_knopp_backward
 
-    def mixing_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Row 0 H_pre, what the branch reads; rows 1..n H_res, already [target, source] as StreamMixing's rows.
-        pre, post, res = self.coefficients(h)
-        return torch.cat([pre.unsqueeze(-2), res], dim=-2), post
+            g_logits = fused_sinkhorn_knopp_backward(logits, g_rows[:, 1:], ctx.iters, SINKHORN_EPS)
+        else:
+            g_logits = sinkhorn_knopp_backward(logits, g_rows[:, 1:], ctx.iters, SINKHORN_EPS)
+        g_h_tilde = torch.cat([torch.ops.aten.sigmoid_backward(g_rows[:, 0], pre),
+                               torch.ops.aten.sigmoid_backward(2 * g_post.reshape(-1, n), post_sigmoid),
+                               g_logits.reshape(-1, n * n)], dim=-1)
+        g_scaled = g_h_tilde * gates
+        g_projection = g_scaled * inverse
+        g_gate_pre, g_gate_post, g_gate_res = (g_h_tilde * scaled).sum(0).split([n, n, n * n])
+        # inverse = 1 / (|x| / sqrt(nd) + eps), so d inverse / d|x| = -inverse^2 / sqrt(nd); d|x|/dx = x / |x|, zero
+        # at x = 0 as the norm's own backward has it.
+        g_inverse = (g_scaled * projection).sum(-1, keepdim=True)
+        through_norm = (g_inverse * (inverse * inverse) / norm).masked_fill_(norm == 0, 0)
+        g_flat = torch.addcmul(g_projection @ phi.float(), through_norm, flat, value=-1 / flat.shape[-1] ** 0.5)
+        g_h = torch.baddbmm(g_flat.view(streams.shape).to(h_dtype), rows.transpose(1, 2), g_out)
+        return (g_h.view(g_mixed.shape), (g_projection.t() @ flat).to(phi_dtype), g_gate_pre.sum().to(pre_dtype),
+                g_gate_post.sum().to(post_dtype), g_gate_res.sum().to(res_dtype), g_h_tilde.sum(0).to(bias_dtype),
+                None, None, None)
 
 
 class ManifoldConstrainedHyperConnections(MultiStreamResidual):
