@@ -88,16 +88,20 @@ CAUSES = {
     "residual=mhc": "20-iteration Sinkhorn as tiny eager ops per sublayer on the torch path, which `kernel: auto` "
                     "takes until a GPU measures the fused op faster (coefficients once per sublayer, the Sinkhorn "
                     "recomputed in backward); the fused op's row is below (§2.1)",
-    "residual=mhc kernel=triton": "the Sinkhorn fused to one op each way; left: the coefficients' small element-wise "
-                                  "ops and their gradients on 4 streams, as hyper-connections' (§2.1, §2.3)",
+    "residual=mhc kernel=triton": "the Sinkhorn fused to one op each way, the coefficients and mix one autograd "
+                                  "node with its backward written out; left: the coefficients' small per-token ops "
+                                  "on 4 streams, as hyper-connections' (§2.1, §2.3)",
     "residual=attnres": "Python loop over every earlier source per consumer, an fp32 copy of each (saved for "
                         "backward) (§2.2)",
     "residual=attnres_block": "the same per-source loop over block sums (§2.2)",
-    "residual=hyperconn": "now one norm, coefficient matmul and mix per sublayer; what is left is the "
-                          "coefficients' small element-wise ops and their gradients (§2.3)",
-    "residual=hyperconn_static": "per-token einsum over the fp32 streams, mixed twice (§2.3)",
-    "optimizer=muon": "now one Newton-Schulz call per shape group; left: slices and transposes per matrix and the "
-                      "foreach AdamW half's host reads (fused AdamW there is not wired) (§2.4)",
+    "residual=hyperconn": "one norm, coefficient matmul and mix per sublayer, one autograd node with its backward "
+                          "written out; left: the dynamic coefficients' chain, about 22 ops forward and 36 backward "
+                          "a sublayer, so separately dispatched ops floor near 1.9x: under 1.5x needs it fused into "
+                          "one kernel each way or compiled (§2.3)",
+    "residual=hyperconn_static": "the mix and merge over the fp32 streams, one autograd node each (§2.3)",
+    "optimizer=muon": "one batched Newton-Schulz call per shape group, about 19 ops each (the 2x target allows 8 "
+                      "ops for the whole step: out of reach for any unfused Muon); left: slices and transposes per "
+                      "matrix and the foreach AdamW half's host reads (fused AdamW there is not wired) (§2.4)",
     "norm=un": "~30 small vector ops per site in a Python autograd.Function, at 25 sites (§2.5)",
     "norm=powernorm": "GroupScaling as 5 ops; ~25 forward, ~12 backward bookkeeping ops per site (§2.5)",
     "norm=prepbn": "RMSNorm and a hand-written two-pass BatchNorm at every site (§2.5)",
@@ -118,9 +122,10 @@ CAUSES = {
                                 "casts, detaches and gradients), the scalars' small ops and the streams' bf16 casts "
                                 "(§2.11)",
     "norm=seednorm": "4 extra full-size passes per site around the fused RMSNorm (§1)",
-    "qk_norm + logit soft-cap": "this audit's whole-logits loss caps the full fp32 logits (a fit's chunked loss now "
-                                "caps inside its cross-entropy: memory.md); QK-norm now in the activations' dtype: one "
-                                "fused norm each way on CUDA, a composite and the gains' casts in this CPU count "
+    "qk_norm + logit soft-cap": "saved: the full fp32 logits the cap keeps (1.65 GB), from this audit's whole-logits "
+                                "loss (a fit's chunked loss caps inside its cross-entropy and keeps no logits: "
+                                "memory.md), and fp32 copies of q and k (1.21 GB) that a CPU's composite rms_norm "
+                                "keeps, where CUDA's fused kernel keeps the bf16 q, k and one rstd a row (est.) "
                                 "(§2.10)",
     "norm=precrmsnorm": "CRMSNorm as 11 forward ops with a full cat copy (§1)",
     "norm=ssnorm": "hand-written RMSNorm (6 forward, ~10 backward ops) (§1)",
