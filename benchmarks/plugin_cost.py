@@ -361,6 +361,15 @@ def gpu_step_ratios(path: Path = GPU_RESULTS) -> dict[str, float]:
     return {label: row["step_ratio"] for label, row in stage.get("eager", {}).items() if "step_ratio" in row}
 
 
+def gpu_when(path: Path = GPU_RESULTS) -> str:
+    """", <date> at <commit>" of the GPU check's stored run, or "" without one."""
+    if not path.is_file():
+        return ""
+    run = json.loads(path.read_text())
+    commit = str(run.get("commit", "")).split(" (")[0]  # the first commit named is stage D's
+    return f", {run['date']} at {commit}" if run.get("date") else ""
+
+
 def _x(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}x"
 
@@ -497,7 +506,8 @@ def render(result: dict, gpu: dict[str, float]) -> str:
         *(f"- {note}" for note in result.get("notes", ())),
         *([""] if result.get("notes") else []),
         "Each cell is the ratio to the baseline, the target beside it; **bold** misses it. The last column is the "
-        "eager step time over the baseline's measured on the H200 (stage D).",
+        f"eager step time over the baseline's measured on the H200 (stage D{gpu_when()}): before the rewrites of "
+        "issue 43, so what they started from, not what they reach.",
         "",
         "| contender | ops per step | target | saved for backward | target | FLOPs | optimizer ops | target "
         "| H200 eager step |",
