@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from arch_plugins.autocast import autocast_off
 from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
 from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, NormStrategy, Role, Site, StackInfo
@@ -50,7 +49,7 @@ class SeeDNorm(nn.Module):
             # run it in bf16; in the dtype x * beta promotes to, as the elementwise form computed it. (A device
             # without autocast, such as meta, has nothing to turn off.)
             device = x.device.type
-            with torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device) else nullcontext():
+            with autocast_off(device):
                 per_head = x.to(torch.result_type(x, self.beta)) @ self.beta.unsqueeze(-1)
         else:
             per_head = (x.unflatten(-1, (h, d // h)) * self.beta.view(h, -1)).sum(-1)

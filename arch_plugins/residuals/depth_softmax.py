@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from arch_plugins.autocast import autocast_off
+
 
 class DepthSoftmax(torch.autograd.Function):
     """``out = sum_i softmax_i(u . v_i * r_i) v_i`` with ``r_i = rsqrt(mean(v_i^2) + eps)`` (1 when ``eps`` is None),
@@ -47,7 +49,7 @@ def depth_softmax_forward(query: torch.Tensor, eps: float | None, sources) -> tu
     Also the torch path of the fused op (arch_plugins.kernels.depth_softmax), which recomputes it in backward.
     """
     width = query.shape[-1]
-    with torch.autocast(device_type=query.device.type, enabled=False):
+    with autocast_off(query.device.type):
         values = torch.stack(sources).to(query.dtype)  # (m, ..., d); mixed dtypes promote in the stack itself
         logits = torch.mv(values.view(-1, width), query).view(*values.shape[:-1], 1)
         inverse_rms = None
@@ -67,7 +69,7 @@ def depth_softmax_backward(query: torch.Tensor, weights: torch.Tensor, logits: t
     """``DepthSoftmax``'s backward from what its forward kept: (the query's gradient or None, the sources'
     gradients stacked, in the query's dtype: ``per_source`` splits them)."""
     width = query.shape[-1]
-    with torch.autocast(device_type=query.device.type, enabled=False):
+    with autocast_off(query.device.type):
         values = torch.stack(sources).to(query.dtype)
         grad_weights = (values * grad_out).sum(-1, keepdim=True)
         grad_logits = torch._softmax_backward_data(grad_weights, weights, 0, query.dtype)

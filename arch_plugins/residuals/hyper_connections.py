@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from arch_plugins.autocast import autocast_dtype, autocast_off
 from arch_plugins.declarations import declare_role, declare_roles, declare_weight_decay
 from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualStream, ResidualType, Role, StackInfo
@@ -135,9 +136,9 @@ def mix_grad(g_branch: torch.Tensor, g_mixed: torch.Tensor, streams: torch.Tenso
 def autocast_matmul_input(x: torch.Tensor) -> torch.Tensor:
     """``x`` cast as autocast casts a matmul's input (to its lower dtype, if floating and not float64), done by hand
     so that the backward can keep the cast copy, as autograd through an autocast matmul keeps it."""
-    device = x.device.type
-    if torch.is_autocast_enabled(device) and x.dtype.is_floating_point and x.dtype != torch.float64:
-        return x.to(torch.get_autocast_dtype(device))
+    dtype = autocast_dtype(x.device.type)
+    if dtype is not None and x.dtype.is_floating_point and x.dtype != torch.float64:
+        return x.to(dtype)
     return x
 
 
@@ -146,7 +147,7 @@ class _StaticConnection(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, alpha: torch.Tensor, h: torch.Tensor):
-        with torch.autocast(device_type=h.device.type, enabled=False):
+        with autocast_off(h.device.type):
             # Expanded before the transpose, so that alpha's gradient sums back into alpha's own layout (a
             # transposed one would be copied when it is accumulated).
             streams = h.reshape(-1, *h.shape[-2:])
@@ -199,7 +200,7 @@ class _DynamicConnection(torch.autograd.Function):
         d_alpha, d_beta = dynamic[..., :-1], dynamic[..., -1:]
         alpha = static_alpha + d_alpha * s_alpha  # (N, n, n + 1)
         beta = static_beta.unsqueeze(-1) + d_beta * s_beta  # (N, n, 1)
-        with torch.autocast(device_type=h.device.type, enabled=False):
+        with autocast_off(h.device.type):
             alpha_h = alpha.to(h.dtype)
             branch, mixed = mix(alpha_h.transpose(1, 2), streams, lead)
         ctx.tanh = tanh
@@ -298,8 +299,8 @@ class Streams(ResidualStream):
         self.streams, self.reduce, self.stream_dtype = streams, reduce, stream_dtype
 
     def begin(self, x: torch.Tensor, history: ResidualHistory) -> torch.Tensor:
-        if self.stream_dtype == "compute" and torch.is_autocast_enabled(x.device.type):
-            x = x.to(torch.get_autocast_dtype(x.device.type))
+        if self.stream_dtype == "compute" and (dtype := autocast_dtype(x.device.type)) is not None:
+            x = x.to(dtype)
         return x.unsqueeze(-2).expand(*x.shape[:-1], self.streams, x.shape[-1])
 
     def end(self, h: torch.Tensor, history: ResidualHistory) -> torch.Tensor:

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from arch_plugins.autocast import autocast_dtype
 from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles
 from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualType, StackInfo
@@ -194,7 +195,7 @@ class _LowRankSum(torch.autograd.Function):
         streams, downs, ups = tensors[:count], tensors[count:2 * count], tensors[2 * count:]
         device = streams[0].device.type
         # The casts autocast would make inside bmm and mm, made here so that backward has what the GEMMs read.
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else streams[0].dtype
+        dtype = autocast_dtype(device) or streams[0].dtype
         stacked = torch.stack(streams)  # (k, ..., d)
         x = stacked.view(count, -1, stacked.shape[-1]).to(dtype)  # (k, tokens, d)
         a = torch.stack(downs).to(dtype)  # (k, rank, d)

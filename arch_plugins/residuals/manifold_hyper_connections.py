@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from arch_plugins.autocast import autocast_off
 from arch_plugins.declarations import declare_diagnostic, declare_role, declare_roles, declare_weight_decay
 from arch_plugins.interfaces import Kind, Role, StackInfo
 from arch_plugins.kernels.dispatch import SINKHORN_KNOPP, check_kernel, use_triton
@@ -100,7 +101,7 @@ def _coefficients(streams, phi, alpha_pre, alpha_post, alpha_res, bias, iters: i
     1 / (RMS + eps), gates, projection, projection / (RMS + eps), Sinkhorn's logits, whether it ran fused, H_pre,
     sigmoid of H~_post, H_res), everything ``_Connection``'s backward reads."""
     n = streams.shape[-2]
-    with torch.autocast(device_type=streams.device.type, enabled=False):
+    with autocast_off(streams.device.type):
         flat = streams.float().reshape(streams.shape[0], -1)
         norm = torch.linalg.vector_norm(flat, dim=-1, keepdim=True)
         inverse = torch.reciprocal(norm / flat.shape[-1] ** 0.5 + norm_eps)
@@ -132,7 +133,7 @@ class _Connection(torch.autograd.Function):
         streams = h.reshape(-1, n, d)
         flat, norm, inverse, gates, projection, scaled, logits, fused, pre, post_sigmoid, res = _coefficients(
             streams, phi, alpha_pre, alpha_post, alpha_res, bias, iters, norm_eps, kernel)
-        with torch.autocast(device_type=h.device.type, enabled=False):
+        with autocast_off(h.device.type):
             rows = torch.cat([pre.unsqueeze(-2), res], dim=-2).to(h.dtype)
             branch, mixed = mix(rows, streams, lead)
             post = 2 * post_sigmoid

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from arch_plugins.autocast import autocast_off
+
 QK_NORMS = ("rmsnorm", "layernorm")
 
 
@@ -39,7 +41,7 @@ class QKNorm(nn.Module):
         self.q_norm, self.k_norm = _norm(kind, head_dim, eps), _norm(kind, head_dim, eps)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.autocast(q.device.type, enabled=False):
+        with autocast_off(q.device.type):
             return _in_own_dtype(self.q_norm, q), _in_own_dtype(self.k_norm, k)
 
 
