@@ -2,7 +2,7 @@
 
 ``torch.is_autocast_enabled(device_type)`` raises for a device type autocast does not know, and
 ``torch.autocast(device_type, enabled=False)`` refuses one: "meta", where the FLOP count runs a model's forward first
-(``lit.compute``; ``tests/test_meta_forward.py``). Plugins that turn autocast off around their own arithmetic, or
+(``lit.compute``; the conformance kit's ``meta`` check). Plugins that turn autocast off around their own arithmetic, or
 make its casts by hand (an autograd.Function that keeps what its GEMMs read for the backward), ask here instead.
 """
 

@@ -51,8 +51,8 @@ def _forward_flops(model: nn.Module, example: torch.Tensor) -> int:
     dtypes, no storage): nothing is computed but each operator's output shape, which is all a FLOP count needs, and
     whatever the forward changes (a module's cached statistic, BHyT's "refresh at the first forward") changes the
     copy, not the model. Eval mode keeps batch-statistics norms from updating, and the random state is restored.
-    Meta tensors first (every registered plugin runs there: tests/test_meta_forward.py), FakeTensorMode where an
-    operator has no meta kernel (a third party's, say): entering FakeTensorMode starts
+    Meta tensors first (the conformance kit's ``meta`` check holds every plugin to it), FakeTensorMode where an
+    operator has no meta kernel: entering FakeTensorMode starts
     autograd's device threads, after which a process forked from this one cannot run a backward pass (the
     conformance kit's 2-process check forks its ranks).
     """

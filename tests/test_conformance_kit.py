@@ -64,7 +64,7 @@ def test_a_built_in_passes_every_fast_check(gpt_only):
     results = check("norm", "rmsnorm", stacks=gpt_only, size=SMALL)
     assert {r.check: r.status for r in results} == {
         "listing": "pass", "forward_backward": "pass", "init_identity": "skip", "reload": "pass",
-        "determinism": "pass", "train_eval": "pass", "distributed": "skip"}
+        "determinism": "pass", "train_eval": "pass", "distributed": "skip", "meta": "pass"}
 
 
 def test_listing_needs_a_docstring_of_its_own_and_defaults(register, gpt_only):
@@ -171,6 +171,39 @@ def test_train_eval_catches_state_that_eval_changes(register, gpt_only):
     register("norm", "counting", norm_plugin(Counting))
     status, detail = outcome("norm", "counting", "train_eval", gpt_only)
     assert status == "fail" and "two eval passes on one batch differ" in detail
+
+
+class AsksAutocastAboutItsInput(nn.RMSNorm):
+    """Turns autocast off on its input's device, as a plugin that keeps its arithmetic in fp32 would: fine on a CPU
+    or a GPU, refused by torch on the meta device."""
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):
+            return super().forward(x)
+
+
+class ReadsAValueOnTheHost(nn.RMSNorm):
+    def forward(self, x):
+        return super().forward(x) * (2.0 if x.abs().max().item() > 1e6 else 1.0)
+
+
+def test_meta_catches_a_forward_that_only_runs_on_real_devices(register, gpt_only):
+    register("norm", "autocast_asker", norm_plugin(AsksAutocastAboutItsInput))
+    status, detail = outcome("norm", "autocast_asker", "meta", gpt_only)
+    assert status == "fail" and "RuntimeError" in detail
+    register("norm", "host_reader", norm_plugin(ReadsAValueOnTheHost))
+    status, detail = outcome("norm", "host_reader", "meta", gpt_only)
+    assert status == "fail"
+    # The same plugin asking through arch_plugins.autocast passes.
+    from arch_plugins.autocast import autocast_off
+
+    class AsksSafely(nn.RMSNorm):
+        def forward(self, x):
+            with autocast_off(x.device.type):
+                return super().forward(x)
+
+    register("norm", "safe_asker", norm_plugin(AsksSafely))
+    assert outcome("norm", "safe_asker", "meta", gpt_only) == ("pass", "")
 
 
 # Options under which the statistics reach the output and the gradients at once (BatchNorm's affine off zero, RepBN's

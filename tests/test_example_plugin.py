@@ -173,8 +173,8 @@ def test_its_own_tests_run_the_conformance_kit(tmp_path):
                            str(PLUGIN_DIR / "tests")], capture_output=True, text=True, timeout=600, cwd=PLUGIN_DIR,
                           env=subprocess_env(PYTHONPATH=path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    # 7 checks, twice (two option sets): the init identity holds, only `distributed` does not apply (no state).
-    assert "12 passed, 2 skipped" in proc.stdout, proc.stdout[-2000:]
+    # 8 checks, twice (two option sets): the init identity holds, only `distributed` does not apply (no state).
+    assert "14 passed, 2 skipped" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_gone_without_the_distribution():

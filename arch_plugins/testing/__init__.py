@@ -9,6 +9,7 @@ For every plugin, in every registered model stack (arch-lab's GPT and ViT, at a 
 - ``determinism``: one seed, one model, one training step;
 - ``train_eval``: eval mode deterministic and stateless;
 - ``distributed``: with state besides its parameters, 2 gloo processes agree with one on the whole batch;
+- ``meta``: the forward runs on the meta device (the FLOP count and FSDP2's build run it there);
 - ``compile`` (slow): ``torch.compile`` computes what eager mode does.
 
 From pytest, three lines in a test file::

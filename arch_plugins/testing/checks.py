@@ -6,6 +6,7 @@ raises ``AssertionError`` with what went wrong (fail), or raises ``Skipped`` wit
 
 from __future__ import annotations
 
+import copy
 import inspect
 import io
 import typing
@@ -224,6 +225,26 @@ STEPS = 2
 COMPILE_BACKEND = "aot_eager"
 
 
+def on_meta(s: Subject) -> None:
+    """The forward runs on the meta device (shapes, no storage), under CPU autocast as a bf16 run has it.
+
+    arch-lab counts a model's FLOPs (``model/flops_per_token``, MFU) by a forward on a meta copy, and builds an FSDP2
+    model on meta on every process but one. Plain tensor ops run there; what fails is asking about the device
+    (``torch.is_autocast_enabled("meta")`` and ``torch.autocast("meta", ...)`` raise: ``arch_plugins.autocast``
+    asks safely) or reading a value on the host (``.item()``, ``if tensor:``).
+    """
+    for stack in s.each_stack():
+        built = s.build(stack, seed=0)
+        memo = {}  # a copy whose parameters and buffers are on meta, as lit.compute makes it
+        for t in (*built.model.parameters(), *built.model.buffers()):
+            meta = torch.empty_like(t, device="meta")
+            memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
+        shadow = copy.deepcopy(built.model, memo)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = shadow(batch(built).to("meta"))
+        assert out.device.type == "meta", f"{stack}: the output left the meta device ({out.device})"
+
+
 def compiled(s: Subject) -> None:
     """``torch.compile`` (graph breaks allowed) computes what eager mode does, forward and backward.
 
@@ -254,6 +275,7 @@ CHECKS: dict[str, Callable[[Subject], None]] = {
     "determinism": determinism,
     "train_eval": train_eval,
     "distributed": distributed,
+    "meta": on_meta,
     "compile": compiled,
 }
 # Seconds per plugin rather than tenths: run them with `-m slow` or `--slow`.
