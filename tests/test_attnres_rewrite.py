@@ -86,6 +86,18 @@ def test_at_zero_query_the_stacked_op_is_the_average_with_the_same_gradients(key
         torch.testing.assert_close(got, expected, **FP32)
 
 
+@pytest.mark.parametrize("key_norm", KEY_NORMS)
+def test_under_no_grad_the_same_forward_runs_without_the_autograd_function(key_norm, monkeypatch):
+    """Eval passes skip DepthSoftmax (torch.compile 2.14 breaks the graph on its *sources under no_grad) and compute
+    its forward directly: the output of a pass that builds the graph, bit for bit."""
+    attention = moved_attention(16, key_norm)
+    sources = [torch.randn(2, 5, 16) * s for s in (1.0, 3.0, 0.5)]
+    with_graph = forward_and_gradients(attention, sources, DepthAttention.forward)[0]
+    monkeypatch.setattr(DepthSoftmax, "apply", lambda *a: pytest.fail("the autograd.Function ran under no_grad"))
+    with torch.no_grad():
+        assert torch.equal(attention(sources), with_graph)
+
+
 def test_mixed_source_dtypes_compute_in_float32_and_return_each_gradient_in_its_dtype():
     # As under bf16 autocast: the embedding float32, the sublayers' outputs bf16.
     attention = moved_attention(16, "rmsnorm")

@@ -48,9 +48,10 @@ class SeeDNorm(nn.Module):
             # One head: <x, beta> is a matrix-vector product, no (..., d) temporary. Outside autocast, which would
             # run it in bf16; in the dtype x * beta promotes to, as the elementwise form computed it. (A device
             # without autocast, such as meta, has nothing to turn off.)
-            device = x.device.type
-            with autocast_off(device):
-                per_head = x.to(torch.result_type(x, self.beta)) @ self.beta.unsqueeze(-1)
+            # promote_types of the dtypes, not result_type of the tensors: the same dtype for these two (neither is a
+            # 0-dim tensor), and torch.compile traces it (result_type broke the graph).
+            with autocast_off(x.device.type):
+                per_head = x.to(torch.promote_types(x.dtype, self.beta.dtype)) @ self.beta.unsqueeze(-1)
         else:
             per_head = (x.unflatten(-1, (h, d // h)) * self.beta.view(h, -1)).sum(-1)
         gate = torch.tanh(per_head * self.dot_scale if self.dot_scale != 1.0 else per_head)  # bounded: see above

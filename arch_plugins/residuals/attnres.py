@@ -42,7 +42,7 @@ from arch_plugins.declarations import declare_diagnostic, declare_role, declare_
 from arch_plugins.init_identity import InitIdentity
 from arch_plugins.interfaces import Kind, ResidualHistory, ResidualMerge, ResidualStream, ResidualType, Role, StackInfo
 from arch_plugins.kernels.dispatch import DEPTH_SOFTMAX, check_kernel, use_triton
-from arch_plugins.residuals.depth_softmax import DepthSoftmax
+from arch_plugins.residuals.depth_softmax import DepthSoftmax, depth_softmax_forward
 
 KEY_NORMS = ("rmsnorm", "rmsnorm_nonparam", "none")
 
@@ -75,6 +75,10 @@ class DepthAttention(nn.Module):
             from arch_plugins.kernels.depth_softmax import depth_softmax
 
             return depth_softmax(query, sources, eps)
+        if not torch.is_grad_enabled():
+            # Nothing to differentiate: the same forward, without the autograd.Function, which torch.compile (2.14)
+            # fails to trace under no_grad when its forward takes *sources (a graph break in every eval pass).
+            return depth_softmax_forward(query, eps, sources)[0]
         return DepthSoftmax.apply(query, eps, *sources)
 
 
