@@ -26,6 +26,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
+from arch_plugins.meta_device import meta_memo
 from lit.models.gpt import GPT
 from lit.models.transformer import TransformerConfig
 from lit.models.vit import ViT
@@ -58,7 +59,7 @@ def _forward_flops(model: nn.Module, example: torch.Tensor) -> int:
     """
     cpu_rng = torch.get_rng_state()
     try:
-        return _count(model, example, memo={id(t): _on_meta(t) for t in (*model.parameters(), *model.buffers())},
+        return _count(model, example, memo=meta_memo(model),
                       mode=contextlib.nullcontext(), device="meta")
     except (NotImplementedError, RuntimeError):
         fake = FakeTensorMode(allow_non_fake_inputs=True)  # small tensors kept in plain attributes stay real
@@ -75,11 +76,6 @@ def _count(model: nn.Module, example: torch.Tensor, memo: dict, mode, device: st
     with torch.no_grad(), mode, FlopCounterMode(display=False, custom_mapping=CUSTOM_FLOPS) as counter:
         shadow(example.to(device) if device else mode.from_tensor(example))
     return counter.get_total_flops()
-
-
-def _on_meta(t: torch.Tensor) -> torch.Tensor:
-    meta = torch.empty_like(t, device="meta")
-    return nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
 
 
 def _device(model: nn.Module) -> torch.device:

@@ -19,6 +19,7 @@ from torch import nn
 
 from arch_plugins import catalogue, registry
 from arch_plugins.init_identity import InitIdentity, init_identities
+from arch_plugins.meta_device import meta_memo
 from arch_plugins.progress import has_progress_hooks
 from arch_plugins.testing.stacks import Built, KindNotTaken, Size, StackBuilder
 
@@ -235,11 +236,7 @@ def on_meta(s: Subject) -> None:
     """
     for stack in s.each_stack():
         built = s.build(stack, seed=0)
-        memo = {}  # a copy whose parameters and buffers are on meta, as lit.compute makes it
-        for t in (*built.model.parameters(), *built.model.buffers()):
-            meta = torch.empty_like(t, device="meta")
-            memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
-        shadow = copy.deepcopy(built.model, memo)
+        shadow = copy.deepcopy(built.model, meta_memo(built.model))  # as lit.compute copies it
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             out = shadow(batch(built).to("meta"))
         assert out.device.type == "meta", f"{stack}: the output left the meta device ({out.device})"
